@@ -1,0 +1,235 @@
+"""The ``dtask`` command. Exit codes: 0 ok, 1 the run failed, 2 bad input or unreachable service,
+3 a wait timed out. Errors are one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from dtask.exceptions import DtaskError, InvalidVariables
+from dtask.runs import RunState, RunStatus
+
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2, like every other bad input
+        self.exit(EXIT_BAD_INPUT, f"dtask: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dtask", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    submit = sub.add_parser("submit", help="trigger a master run of a template")
+    submit.add_argument("template")
+    submit.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
+    submit.add_argument("--key", help="trigger key: a second submit with it returns the same run")
+    submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
+    submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
+    submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
+
+    status = sub.add_parser("status", help="show a run's state and its children's progress")
+    status.add_argument("run_id", type=int)
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
+    status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
+
+    runs = sub.add_parser("runs", help="list recent runs")
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--limit", type=int, default=50)
+
+    templates = sub.add_parser("templates", help="list the registered templates")
+    templates.add_argument("--json", action="store_true")
+
+    sub.add_parser("migrate", help="bring the database schema up to date")
+    sub.add_parser("down", help="stop the embedded PostgreSQL and Redis")
+    sub.add_parser(
+        "worker",
+        help="run a Celery worker with dtask's settings (extra options go to celery worker)",
+        add_help=False,
+    )
+    return parser
+
+
+def _parse_vars(pairs: Sequence[str]) -> dict[str, str]:
+    parsed: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidVariables(f"-v expects NAME=VALUE, got {pair!r}")
+        if name in parsed:
+            raise InvalidVariables(f"variable {name!r} is given twice")
+        parsed[name] = value
+    return parsed
+
+
+def _print_status(status: RunStatus, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(status.as_json()))
+        return
+    c = status.children
+    print(f"run {status.id}  {status.template}  {status.state.value}")
+    print(f"  key        {status.key}")
+    print(f"  variables  {json.dumps(status.variables)}")
+    print(
+        f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
+        f" {c.running} running, {c.pending} pending"
+    )
+    print(f"  created    {status.created_at:%Y-%m-%d %H:%M:%S %Z}")
+    if status.finished_at:
+        print(f"  finished   {status.finished_at:%Y-%m-%d %H:%M:%S %Z}")
+    if status.error:
+        print(f"  error      {status.error}")
+
+
+def _outcome(status: RunStatus) -> int:
+    return EXIT_RUN_FAILED if status.state in (RunState.FAILED, RunState.CANCELLED) else EXIT_OK
+
+
+def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
+    from dtask.client import Run
+    from dtask.progress import Progress
+
+    return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.client import submit
+    from dtask.templates import registry
+
+    services.load_templates()
+    tpl = registry.get(args.template)
+    variables = tpl.parse_variables(_parse_vars(args.var))
+    run = submit(tpl.name, variables, key=args.key)
+    if not args.json:
+        verb = "submitted" if run.created else "already exists for this key"
+        print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
+    if args.wait:
+        status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
+        _print_status(status, args.json)
+        return _outcome(status)
+    if args.json:
+        _print_status(run.status(), True)
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from dtask.client import get_run
+
+    run = get_run(args.run_id)
+    status = _wait(run.id, args.timeout, show=True) if args.watch else run.status()
+    _print_status(status, args.json)
+    return _outcome(status) if args.watch else EXIT_OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from dtask import services
+
+    statuses = services.store().statuses(args.limit)
+    if args.json:
+        print(json.dumps([s.as_json() for s in statuses]))
+        return EXIT_OK
+    print(f"{'ID':>6}  {'TEMPLATE':<20} {'STATE':<10} {'DONE':>13}  {'CREATED':<19}  KEY")
+    for s in statuses:
+        done = f"{s.children.finished}/{s.children.total}"
+        print(
+            f"{s.id:>6}  {s.template:<20} {s.state.value:<10} {done:>13}"
+            f"  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.key}"
+        )
+    return EXIT_OK
+
+
+def _cmd_templates(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.templates import registry
+
+    services.load_templates()
+    rows = [
+        {
+            "name": t.name,
+            "params": {n: p.type_name for n, p in t.params.items()},
+            "skeleton": t.skeleton,
+            "max_attempts": t.options.max_attempts,
+            "queue": t.options.queue,
+            "module": t.function.__module__,
+        }
+        for t in registry.all()
+    ]
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    for row in rows:
+        params = ", ".join(f"{n}: {t}" for n, t in row["params"].items())
+        print(f"{row['name']}({params})  skeleton={json.dumps(row['skeleton'])}  [{row['module']}]")
+    return EXIT_OK
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.db import engine_for, schema
+
+    engine = engine_for(services.database_url())
+    schema.upgrade(engine)
+    print(f"database at revision {schema.current_revision(engine)}")
+    return EXIT_OK
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from dtask import embedded
+    from dtask.settings import load
+
+    home = load().home
+    stopped = embedded.stop(home)
+    print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
+    return EXIT_OK
+
+
+def worker_argv(extra: Sequence[str]) -> list[str]:
+    argv = ["worker", *extra]
+    if not any(a in ("-n", "--hostname") or a.startswith("--hostname=") for a in extra):
+        argv += ["--hostname", f"dtask-{os.getpid()}@%h"]
+    if not any(a in ("-l", "--loglevel") or a.startswith("--loglevel=") for a in extra):
+        argv += ["--loglevel", "INFO"]
+    return argv
+
+
+def _cmd_worker(extra: Sequence[str]) -> int:
+    from dtask.worker import configure
+
+    configure().worker_main(worker_argv(extra))
+    return EXIT_OK
+
+
+COMMANDS = {
+    "submit": _cmd_submit,
+    "status": _cmd_status,
+    "runs": _cmd_runs,
+    "templates": _cmd_templates,
+    "migrate": _cmd_migrate,
+    "down": _cmd_down,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["worker"]:
+            return _cmd_worker(argv[1:])
+        args = _parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except DtaskError as exc:
+        print(f"dtask: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dtask: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Triggering runs and watching them: ``submit`` and the ``Run`` handle."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from dtask import services
+from dtask.exceptions import BrokerUnavailable, WaitTimeout
+from dtask.runs import RunState, RunStatus
+from dtask.settings import mask
+from dtask.templates import registry
+
+
+class Run:
+    """A handle on one master run. PostgreSQL answers every question about it."""
+
+    def __init__(self, run_id: int, *, created: bool = True) -> None:
+        self.id = run_id
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<dtask.Run {self.id}>"
+
+    def status(self) -> RunStatus:
+        return services.store().status(self.id)
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        poll: float = 0.5,
+        on_progress: Callable[[RunStatus], None] | None = None,
+    ) -> RunStatus:
+        """Block until the run has finished; return its final status.
+
+        Raises WaitTimeout if ``timeout`` seconds pass first (the run keeps going).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = min(0.05, poll)
+        while True:
+            status = self.status()
+            if on_progress is not None:
+                on_progress(status)
+            if status.finished:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"run {self.id} is still {status.state.value} after {timeout:g} s"
+                    f" ({status.children.finished}/{status.children.total} children done)"
+                )
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 2, poll)
+
+
+def submit(template: str, variables: dict[str, Any], key: str | None = None) -> Run:
+    """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
+
+    Variables are checked before anything is written. If the master message cannot be sent,
+    the run is removed again and BrokerUnavailable raised: no run is left half-created.
+    """
+    from dtask.worker import configure
+    from dtask.worker.tasks import master
+
+    app = configure()
+    config = services.current().settings
+    tpl = registry.get(template)
+    checked = tpl.validate(variables)
+    tpl.precheck(checked, config.max_children)
+    store = services.store()
+    run_id, created = store.create_run(
+        template=tpl.name,
+        key=key or f"adhoc:{uuid.uuid4()}",
+        variables=checked,
+        max_attempts=tpl.options.max_attempts,
+        queue=tpl.options.queue,
+    )
+    if created or store.run(run_id).state is RunState.PENDING:
+        try:
+            master.apply_async(
+                args=(run_id,), task_id=f"dtask-master-{run_id}", retry=True, ignore_result=True
+            )
+        except Exception as exc:
+            if created:
+                store.forget_unsent_run(run_id)
+            raise BrokerUnavailable(
+                f"cannot reach the broker at {mask(app.conf.broker_url)}: {exc}"
+                " (is it running? set DTASK_BROKER_URL); no run was created"
+            ) from None
+    return Run(run_id, created=created)
+
+
+def get_run(run_id: int) -> Run:
+    services.store().status(run_id)  # raises RunNotFound
+    return Run(run_id, created=False)

@@ -1,0 +1,102 @@
+"""What a child function sees: its place in the run, its checkpoint, and resume. No SQL here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+CheckpointWriter = Callable[[Any], None]
+
+
+class ChildContext:
+    """Handed to every child function as its first argument.
+
+    ``checkpoint(state)`` commits free-form JSON state at once; ``checkpoint_state`` is the
+    last committed state (what a re-run starts from). ``resume(items)`` is the convenience for
+    sequences: it skips what an earlier attempt finished and checkpoints as it goes, at most
+    every ``checkpoint_interval`` seconds or ``checkpoint_every`` items.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        index: int,
+        attempt: int,
+        checkpoint_state: Any,
+        writer: CheckpointWriter,
+        checkpoint_interval: float,
+        checkpoint_every: int,
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.run_id = run_id
+        self.index = index
+        self.attempt = attempt
+        self._state = checkpoint_state
+        self._writer = writer
+        self._interval = checkpoint_interval
+        self._every = checkpoint_every
+        self._stop_requested = stop_requested
+        self._unsaved: Any = None
+        self.log = logging.getLogger(f"dtask.child.{run_id}.{index}")
+
+    @property
+    def checkpoint_state(self) -> Any:
+        return self._state
+
+    def checkpoint(self, state: Any) -> None:
+        """Commit ``state`` (JSON). Raises LeaseLost if another worker has taken this child."""
+        self._writer(state)
+        self._state = state
+        self._unsaved = None
+
+    @property
+    def unsaved_checkpoint(self) -> Any:
+        """Progress that ``resume`` made since its last write (committed with the finish)."""
+        return self._unsaved
+
+    def should_stop(self) -> bool:
+        """True when this worker is asked to hand the child over (cancel or scale-down)."""
+        return self._stop_requested()
+
+    def resume(
+        self,
+        items: Iterable[T],
+        *,
+        checkpoint_every: int | None = None,
+        checkpoint_interval: float | None = None,
+    ) -> Iterator[T]:
+        """Yield ``items``, skipping those an earlier attempt completed; checkpoint as it goes.
+
+        The iterable must yield the same items in the same order on every attempt.
+        """
+        done = self._resume_offset()
+        every = checkpoint_every or self._every
+        interval = self._interval if checkpoint_interval is None else checkpoint_interval
+        remaining: Iterable[T] = items[done:] if isinstance(items, range) else islice(items, done, None)  # type: ignore[assignment]
+        since_write = 0
+        last_write = time.monotonic()
+        for item in remaining:
+            yield item
+            done += 1
+            since_write += 1
+            self._unsaved = {"done": done}
+            if since_write >= every or time.monotonic() - last_write >= interval:
+                self.checkpoint({"done": done})
+                since_write = 0
+                last_write = time.monotonic()
+
+    def _resume_offset(self) -> int:
+        state = self._state
+        if state is None:
+            return 0
+        if isinstance(state, dict) and isinstance(state.get("done"), int):
+            return int(state["done"])
+        raise ValueError(
+            f"checkpoint {state!r} was not written by resume(); use checkpoint_state directly"
+        )

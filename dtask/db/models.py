@@ -1,0 +1,95 @@
+"""SQLAlchemy 2 models. The migration in ``migrations/`` must match them (a test checks)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from dtask.runs import ChildState, RunState
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _one_of(states: type[RunState] | type[ChildState]) -> str:
+    return "state IN (" + ", ".join(f"'{s.value}'" for s in states) + ")"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class RunRow(Base):
+    __tablename__ = "dtask_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    template: Mapped[str] = mapped_column(String(100))
+    trigger_key: Mapped[str] = mapped_column(String(300), unique=True)
+    variables: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(String(16), server_default=RunState.PENDING.value)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str | None] = mapped_column(String(200))
+    child_total: Mapped[int | None] = mapped_column(Integer)
+    group_id: Mapped[str | None] = mapped_column(String(100))
+    dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint(_one_of(RunState), name="state"),
+        Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
+    )
+
+
+class ChildRow(Base):
+    __tablename__ = "dtask_children"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("dtask_runs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    state: Mapped[str] = mapped_column(String(16), server_default=ChildState.PENDING.value)
+    attempt: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    fence: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    checkpoint: Mapped[Any | None] = mapped_column(JSONB)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "index"),
+        CheckConstraint(_one_of(ChildState), name="state"),
+        CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
+        Index(None, "run_id", "state"),
+        Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
+    )

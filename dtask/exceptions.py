@@ -1,0 +1,70 @@
+"""One exception hierarchy. Every message is a single line a user can act on."""
+
+from __future__ import annotations
+
+
+class DtaskError(Exception):
+    """Something went wrong in dtask."""
+
+    exit_code = 2
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or type(self).__name__).strip())
+
+
+class TemplateDefinitionError(DtaskError):
+    """A template is defined wrongly (a programming error in the template's module)."""
+
+
+class UnknownTemplate(DtaskError):
+    """No template is registered under that name."""
+
+
+class InvalidVariables(DtaskError):
+    """The variables do not match the template's parameters."""
+
+
+class InvalidSplit(DtaskError):
+    """The split strategy produced child specs that cannot be run."""
+
+
+class TooManyChildren(InvalidSplit):
+    """The split would create more children than allowed (DTASK_MAX_CHILDREN)."""
+
+
+class KeyConflict(DtaskError):
+    """The trigger key is already used by a run with another template or variables."""
+
+
+class RunNotFound(DtaskError):
+    """No run has that id."""
+
+
+class ServiceUnavailable(DtaskError):
+    """A service dtask needs cannot be reached."""
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """PostgreSQL cannot be reached."""
+
+
+class BrokerUnavailable(ServiceUnavailable):
+    """The Celery broker cannot be reached."""
+
+
+class ConfigurationError(DtaskError):
+    """A DTASK_* setting is invalid."""
+
+
+class WaitTimeout(DtaskError):
+    """The run did not finish within the timeout."""
+
+    exit_code = 3
+
+
+class LeaseLost(DtaskError):
+    """This worker no longer owns the child: another owner took it over (fence moved)."""
+
+
+class ChildFailed(DtaskError):
+    """A child task failed for good (no attempts left)."""

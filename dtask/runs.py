@@ -1,0 +1,153 @@
+"""States of master runs and child tasks, their allowed transitions, and status value objects. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class RunState(StrEnum):
+    PENDING = "pending"
+    SPLITTING = "splitting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in _FINISHED_RUN
+
+
+class ChildState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (ChildState.SUCCEEDED, ChildState.FAILED)
+
+
+_FINISHED_RUN = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+
+RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.PENDING: frozenset({RunState.SPLITTING, RunState.FAILED, RunState.CANCELLED}),
+    RunState.SPLITTING: frozenset({RunState.RUNNING, RunState.FAILED, RunState.CANCELLED}),
+    RunState.RUNNING: frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED}),
+    RunState.SUCCEEDED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.CANCELLED: frozenset(),
+}
+
+CHILD_TRANSITIONS: dict[ChildState, frozenset[ChildState]] = {
+    ChildState.PENDING: frozenset({ChildState.RUNNING, ChildState.FAILED}),
+    # running -> running is a takeover (the fence moves); running -> pending is a retry.
+    ChildState.RUNNING: frozenset(
+        {ChildState.RUNNING, ChildState.PENDING, ChildState.SUCCEEDED, ChildState.FAILED}
+    ),
+    ChildState.SUCCEEDED: frozenset(),
+    ChildState.FAILED: frozenset(),
+}
+
+
+def can_move(current: RunState, target: RunState) -> bool:
+    return target in RUN_TRANSITIONS[current]
+
+
+def can_move_child(current: ChildState, target: ChildState) -> bool:
+    return target in CHILD_TRANSITIONS[current]
+
+
+def sources(target: RunState) -> list[str]:
+    """The states a run may move to ``target`` from (for conditional UPDATEs)."""
+    return [s.value for s, targets in RUN_TRANSITIONS.items() if target in targets]
+
+
+@dataclass(frozen=True)
+class ChildCounts:
+    total: int = 0
+    pending: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+    @classmethod
+    def from_states(cls, by_state: dict[str, int]) -> ChildCounts:
+        known = {s.value: by_state.get(s.value, 0) for s in ChildState}
+        return cls(total=sum(by_state.values()), **known)
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def all_finished(self) -> bool:
+        return self.total > 0 and self.finished == self.total
+
+
+def outcome(counts: ChildCounts) -> RunState | None:
+    """The master's final state once every child has finished, else None."""
+    if not counts.all_finished:
+        return None
+    return RunState.FAILED if counts.failed else RunState.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    id: int
+    template: str
+    key: str
+    state: RunState
+    variables: dict[str, Any]
+    children: ChildCounts
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "template": self.template,
+            "key": self.key,
+            "state": self.state.value,
+            "variables": self.variables,
+            "children": asdict(self.children),
+            "created_at": self.created_at.isoformat(),
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "error": self.error,
+        }
+
+
+class ClaimRefusal(StrEnum):
+    """Why a child message cannot start its child (the claim UPDATE matched no row)."""
+
+    GONE = "gone"  # no such child (run deleted)
+    DONE = "done"  # already succeeded: report success again, counted once by the chord
+    FAILED = "failed"  # already failed for good: report the same failure again
+    BUSY = "busy"  # another owner holds a live lease: this message is a duplicate
+    EXHAUSTED = "exhausted"  # no attempts left: fail it now
+
+
+def refuse_claim(
+    state: ChildState | None, attempt: int, max_attempts: int, leased: bool
+) -> ClaimRefusal:
+    if state is None:
+        return ClaimRefusal.GONE
+    if state is ChildState.SUCCEEDED:
+        return ClaimRefusal.DONE
+    if state is ChildState.FAILED:
+        return ClaimRefusal.FAILED
+    if state is ChildState.RUNNING and leased:
+        return ClaimRefusal.BUSY
+    if attempt >= max_attempts:
+        return ClaimRefusal.EXHAUSTED
+    # pending/expired with attempts left: the claim raced with another claimer who won.
+    return ClaimRefusal.BUSY

@@ -1,0 +1,89 @@
+"""Where dtask's services are: configured URLs, or the embedded ones started on first use.
+
+Also loads templates (the sample ones and DTASK_TEMPLATES) so every dtask process knows them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass
+
+from dtask import embedded
+from dtask import settings as settings_module
+from dtask.db import Store, engine_for
+from dtask.db import schema
+from dtask.exceptions import ConfigurationError
+from dtask.settings import Settings
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    database_url: str
+    broker_url: str
+    result_backend: str
+
+
+_lock = threading.Lock()
+_current: Services | None = None
+_migrated: set[str] = set()
+_loaded_templates = False
+
+
+def broker_urls(config: Settings) -> tuple[str, str]:
+    """Broker and result backend URLs; the embedded Redis's are known without starting it."""
+    broker = config.broker_url or embedded.redis_url(config.home)
+    return broker, config.result_backend or broker
+
+
+def current() -> Services:
+    """Resolve (and for embedded services, start) everything once per process."""
+    global _current
+    with _lock:
+        if _current is None:
+            config = settings_module.load()
+            database = config.database_url or embedded.postgres_url(config.home)
+            if config.embedded_broker:
+                embedded.ensure_redis(config.home)
+            broker, backend = broker_urls(config)
+            _current = Services(config, database, broker, backend)
+        return _current
+
+
+def database_url() -> str:
+    return current().database_url
+
+
+def store() -> Store:
+    url = database_url()
+    engine = engine_for(url)
+    if url not in _migrated:
+        schema.ensure(engine)
+        _migrated.add(url)
+    return Store(engine)
+
+
+def load_templates(config: Settings | None = None) -> None:
+    """Import the sample templates and every module named in DTASK_TEMPLATES (once)."""
+    global _loaded_templates
+    if _loaded_templates:
+        return
+    importlib.import_module("dtask.examples")
+    for module in (config or settings_module.load()).templates:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"DTASK_TEMPLATES names {module!r}, which cannot be imported: {exc}"
+            ) from None
+    _loaded_templates = True
+
+
+def reset() -> None:
+    """Forget resolved services (tests that switch DTASK_* variables)."""
+    global _current, _loaded_templates
+    with _lock:
+        _current = None
+        _migrated.clear()
+        _loaded_templates = False

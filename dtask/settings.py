@@ -1,0 +1,104 @@
+"""DTASK_* environment -> frozen settings. The one place that reads dtask's environment."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from dtask.exceptions import ConfigurationError
+
+T = TypeVar("T", int, float)
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    database_url: str | None
+    broker_url: str | None
+    result_backend: str | None
+    templates: tuple[str, ...]
+    max_children: int
+    lease_ttl: float
+    checkpoint_interval: float
+    checkpoint_every: int
+    retry_delay: float
+    submit_timeout: float
+
+    @property
+    def embedded_database(self) -> bool:
+        return self.database_url is None
+
+    @property
+    def embedded_broker(self) -> bool:
+        return self.broker_url is None
+
+
+# name -> (default, meaning). The README's configuration table is checked against this.
+DOCUMENTED: dict[str, tuple[str, str]] = {
+    "DTASK_HOME": ("./.dtask", "where the embedded PostgreSQL and Redis keep their data"),
+    "DTASK_DATABASE_URL": ("embedded", "PostgreSQL URL; unset = embedded PostgreSQL"),
+    "DTASK_BROKER_URL": ("embedded", "Celery broker URL; unset = embedded Redis"),
+    "DTASK_RESULT_BACKEND": ("the broker URL", "Celery result backend (must be Redis)"),
+    "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),
+    "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
+    "DTASK_LEASE_TTL": ("10", "seconds a child's lease lasts without renewal"),
+    "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume checkpoints at most this often (seconds)"),
+    "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
+    "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
+    "DTASK_SUBMIT_TIMEOUT": ("10", "seconds submit may spend reaching the broker"),
+}
+
+
+def _number(env: Mapping[str, str], name: str, default: T, cast: Callable[[str], T], low: T) -> T:
+    text = env.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = cast(text)
+    except ValueError:
+        raise ConfigurationError(f"{name}={text!r} is not a number") from None
+    if value < low:
+        raise ConfigurationError(f"{name}={text!r} must be >= {low}")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    home = Path(env.get("DTASK_HOME") or ".dtask").expanduser().absolute()
+    broker = env.get("DTASK_BROKER_URL") or None
+    backend = env.get("DTASK_RESULT_BACKEND") or None
+    if backend is None and broker is not None:
+        if not broker.startswith(("redis://", "rediss://", "redis+socket://")):
+            raise ConfigurationError(
+                "DTASK_RESULT_BACKEND must name a Redis server when DTASK_BROKER_URL is not Redis"
+            )
+        backend = broker
+    if backend is not None and not backend.startswith(("redis://", "rediss://", "redis+socket://")):
+        raise ConfigurationError(
+            f"DTASK_RESULT_BACKEND must be a redis:// URL (chords need it), got {mask(backend)}"
+        )
+    return Settings(
+        home=home,
+        database_url=env.get("DTASK_DATABASE_URL") or None,
+        broker_url=broker,
+        result_backend=backend,
+        templates=tuple(m.strip() for m in env.get("DTASK_TEMPLATES", "").split(",") if m.strip()),
+        max_children=_number(env, "DTASK_MAX_CHILDREN", 100_000, int, 1),
+        lease_ttl=_number(env, "DTASK_LEASE_TTL", 10.0, float, 1.0),
+        checkpoint_interval=_number(env, "DTASK_CHECKPOINT_INTERVAL", 1.0, float, 0.0),
+        checkpoint_every=_number(env, "DTASK_CHECKPOINT_EVERY", 10_000, int, 1),
+        retry_delay=_number(env, "DTASK_RETRY_DELAY", 1.0, float, 0.0),
+        submit_timeout=_number(env, "DTASK_SUBMIT_TIMEOUT", 10.0, float, 0.1),
+    )
+
+
+_PASSWORD = re.compile(r"(?P<head>[a-z+]+://[^:/@]*:)(?P<secret>[^@]*)@")
+
+
+def mask(url: str) -> str:
+    """A URL fit for logs and terminals: the password replaced by ***."""
+    return _PASSWORD.sub(lambda m: f"{m.group('head')}***@" if m.group("secret") else m[0], url)

@@ -1,0 +1,124 @@
+"""Split strategies: a rendered skeleton -> disjoint child specs (the kwargs of each child). Pure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from dtask.exceptions import InvalidSplit, InvalidVariables, TooManyChildren
+
+ChildSpec = dict[str, Any]
+
+
+@runtime_checkable
+class SplitStrategy(Protocol):
+    """Any callable from the rendered skeleton to a list of child kwargs.
+
+    A strategy may also define ``count(rendered) -> int`` so that submit can reject an
+    oversized split before anything is written.
+    """
+
+    def __call__(self, rendered: Any) -> Sequence[Mapping[str, Any]]: ...
+
+
+def check_count(count: int, max_children: int) -> None:
+    if count > max_children:
+        raise TooManyChildren(
+            f"the split would create {count:,} children, more than the maximum {max_children:,}"
+            " (use a larger chunk, or raise DTASK_MAX_CHILDREN)"
+        )
+
+
+def check_specs(specs: Sequence[Mapping[str, Any]], max_children: int) -> list[ChildSpec]:
+    """Specs as plain JSON dicts, or a clear error (too many, empty, not JSON)."""
+    if not isinstance(specs, Sequence) or isinstance(specs, str | bytes):
+        raise InvalidSplit(f"a split must return a list of dicts, got {type(specs).__name__}")
+    if not specs:
+        raise InvalidSplit("the split produced no children: there is nothing to run")
+    check_count(len(specs), max_children)
+    checked: list[ChildSpec] = []
+    for index, spec in enumerate(specs):
+        if not isinstance(spec, Mapping) or not all(isinstance(k, str) for k in spec):
+            raise InvalidSplit(f"child spec #{index} must be a dict with str keys, got {spec!r}")
+        try:
+            checked.append(json.loads(json.dumps(dict(spec))))
+        except (TypeError, ValueError) as exc:
+            raise InvalidSplit(f"child spec #{index} is not JSON: {exc}") from None
+    return checked
+
+
+def check_ranges(specs: Sequence[Mapping[str, Any]], start: int, end: int, a: str, b: str) -> None:
+    """Raise unless the ``[a, b]`` ranges are disjoint and cover ``[start, end]`` exactly."""
+    ranges = sorted((int(s[a]), int(s[b])) for s in specs)
+    expected_next = start
+    for lo, hi in ranges:
+        if lo > hi:
+            raise InvalidSplit(f"range [{lo}, {hi}] is empty")
+        if lo < expected_next:
+            raise InvalidSplit(f"range [{lo}, {hi}] overlaps the previous one")
+        if lo > expected_next:
+            raise InvalidSplit(f"numbers {expected_next}..{lo - 1} are not covered by any child")
+        expected_next = hi + 1
+    if expected_next != end + 1:
+        raise InvalidSplit(f"numbers {expected_next}..{end} are not covered by any child")
+
+
+@dataclass(frozen=True)
+class RangeSplit:
+    """Split the inclusive range ``[rendered[start], rendered[end]]`` into chunks ``[a, b]``.
+
+    ``chunk`` is the size of each child's range; ``parts`` (if given) instead asks for that
+    many children of near-equal size.
+    """
+
+    start: str
+    end: str
+    chunk: int = 1000
+    parts: int | None = None
+    a: str = "a"
+    b: str = "b"
+
+    def __post_init__(self) -> None:
+        if self.chunk < 1:
+            raise InvalidSplit(f"RangeSplit chunk must be >= 1, got {self.chunk}")
+        if self.parts is not None and self.parts < 1:
+            raise InvalidSplit(f"RangeSplit parts must be >= 1, got {self.parts}")
+
+    def bounds(self, rendered: Any) -> tuple[int, int]:
+        if not isinstance(rendered, Mapping):
+            raise InvalidSplit("RangeSplit needs a skeleton that is a dict")
+        values = []
+        for key in (self.start, self.end):
+            if key not in rendered:
+                raise InvalidSplit(f"RangeSplit: the skeleton has no key {key!r}")
+            value = rendered[key]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidVariables(f"range {key} must be an integer, got {value!r}")
+            values.append(value)
+        lo, hi = values
+        if hi < lo:
+            raise InvalidVariables(
+                f"the range {self.start}={lo} .. {self.end}={hi} is empty"
+                f" ({self.end} must be >= {self.start})"
+            )
+        return lo, hi
+
+    def _width(self, lo: int, hi: int) -> int:
+        if self.parts is None:
+            return self.chunk
+        total = hi - lo + 1
+        return -(-total // self.parts)
+
+    def count(self, rendered: Any) -> int:
+        lo, hi = self.bounds(rendered)
+        width = self._width(lo, hi)
+        return -(-(hi - lo + 1) // width)
+
+    def __call__(self, rendered: Any) -> list[ChildSpec]:
+        lo, hi = self.bounds(rendered)
+        width = self._width(lo, hi)
+        specs = [{self.a: a, self.b: min(a + width - 1, hi)} for a in range(lo, hi + 1, width)]
+        check_ranges(specs, lo, hi, self.a, self.b)
+        return specs

@@ -1,0 +1,301 @@
+"""Templates: typed parameters, a skeleton with ``${name}`` placeholders, a split and a child function.
+
+Pure: no Celery, no SQL. ``Template.delay``/``submit`` reach the client lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dtask.exceptions import InvalidVariables, TemplateDefinitionError, UnknownTemplate
+from dtask.splitting import SplitStrategy, check_count, check_specs
+
+if TYPE_CHECKING:
+    from dtask.client import Run
+    from dtask.context import ChildContext
+
+JSON = Any
+ChildFunction = Callable[..., None]
+
+_PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+_WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
+_PARAM_TYPES: dict[type, str] = {int: "int", float: "float", str: "str", bool: "bool"}
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A typed template parameter, optionally bounded and optional."""
+
+    type: type
+    min: float | None = None
+    max: float | None = None
+    default: Any = None
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.type not in _PARAM_TYPES:
+            supported = ", ".join(_PARAM_TYPES.values())
+            raise TemplateDefinitionError(
+                f"parameter type {self.type!r} is not supported (use one of {supported})"
+            )
+        if self.default is not None:
+            object.__setattr__(self, "required", False)
+
+    @property
+    def type_name(self) -> str:
+        return _PARAM_TYPES[self.type]
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value if it has this parameter's type and bounds; raise otherwise."""
+        ok = isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise InvalidVariables(
+                f"variable {name!r} must be {self.type_name}, got {type(value).__name__} {value!r}"
+            )
+        if self.min is not None and value < self.min:
+            raise InvalidVariables(f"variable {name!r} must be >= {self.min}, got {value!r}")
+        if self.max is not None and value > self.max:
+            raise InvalidVariables(f"variable {name!r} must be <= {self.max}, got {value!r}")
+        return value
+
+    def parse(self, name: str, text: str) -> Any:
+        """Turn command-line text into a value of this parameter's type."""
+        try:
+            if self.type is bool:
+                lowered = text.strip().lower()
+                if lowered not in _TRUE | _FALSE:
+                    raise ValueError(text)
+                return lowered in _TRUE
+            if self.type is int:
+                return int(text.strip().replace("_", ""))
+            if self.type is float:
+                return float(text)
+            return text
+        except ValueError:
+            raise InvalidVariables(
+                f"variable {name!r} must be {self.type_name}, got {text!r}"
+            ) from None
+
+
+def _as_param(name: str, spec: type | Param) -> Param:
+    if isinstance(spec, Param):
+        return spec
+    if isinstance(spec, type):
+        return Param(spec)
+    raise TemplateDefinitionError(f"parameter {name!r}: expected a type or dtask.Param, got {spec!r}")
+
+
+def placeholders(skeleton: JSON) -> set[str]:
+    """Every ``${name}`` used anywhere in the skeleton (keys and values)."""
+    found: set[str] = set()
+    for text in _strings(skeleton):
+        found.update(m.group(1) for m in _PLACEHOLDER.finditer(text) if m.group(1))
+    return found
+
+
+def _strings(node: JSON) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, Mapping):
+        for key, value in node.items():
+            yield str(key)
+            yield from _strings(value)
+    elif isinstance(node, list | tuple):
+        for item in node:
+            yield from _strings(item)
+
+
+def render(skeleton: JSON, variables: Mapping[str, Any]) -> JSON:
+    """Fill placeholders. A string that is exactly ``${name}`` takes the value with its type."""
+    if isinstance(skeleton, str):
+        whole = _WHOLE_PLACEHOLDER.match(skeleton)
+        if whole:
+            return variables[whole.group(1)]
+        return _PLACEHOLDER.sub(
+            lambda m: "$" if m.group(1) is None else str(variables[m.group(1)]), skeleton
+        )
+    if isinstance(skeleton, Mapping):
+        return {render(k, variables): render(v, variables) for k, v in skeleton.items()}
+    if isinstance(skeleton, list | tuple):
+        return [render(item, variables) for item in skeleton]
+    return skeleton
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    max_attempts: int = 3
+    queue: str | None = None
+    checkpoint_interval: float | None = None
+    checkpoint_every: int | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    """A named skeleton of work: parameters, placeholders, a split and a child function."""
+
+    name: str
+    params: Mapping[str, Param]
+    skeleton: JSON
+    split: SplitStrategy
+    function: ChildFunction
+    options: TemplateOptions = field(default_factory=TemplateOptions)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise TemplateDefinitionError(
+                f"template name {self.name!r} must be 1-100 letters, digits or _ . : -"
+            )
+        unknown = placeholders(self.skeleton) - set(self.params)
+        if unknown:
+            raise TemplateDefinitionError(
+                f"template {self.name!r}: placeholders {sorted(unknown)} are not parameters"
+            )
+        if self.options.max_attempts < 1:
+            raise TemplateDefinitionError(f"template {self.name!r}: max_attempts must be >= 1")
+        try:
+            json.dumps(self.skeleton)
+        except (TypeError, ValueError) as exc:
+            raise TemplateDefinitionError(
+                f"template {self.name!r}: skeleton is not JSON: {exc}"
+            ) from None
+
+    def validate(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """Checked variables with defaults filled in; raise InvalidVariables naming the problem."""
+        extra = sorted(set(variables) - set(self.params))
+        if extra:
+            raise InvalidVariables(
+                f"template {self.name!r} has no parameter {', '.join(map(repr, extra))}"
+                f" (parameters: {self._describe_params()})"
+            )
+        missing = sorted(n for n, p in self.params.items() if p.required and n not in variables)
+        if missing:
+            raise InvalidVariables(
+                f"template {self.name!r} needs {', '.join(map(repr, missing))}"
+                f" (parameters: {self._describe_params()})"
+            )
+        checked: dict[str, Any] = {}
+        for name, param in self.params.items():
+            if name in variables:
+                checked[name] = param.check(name, variables[name])
+            else:
+                checked[name] = param.default
+        return checked
+
+    def parse_variables(self, texts: Mapping[str, str]) -> dict[str, Any]:
+        """Command-line ``NAME=VALUE`` texts -> typed values (unknown names are left to validate)."""
+        return {
+            name: self.params[name].parse(name, text) if name in self.params else text
+            for name, text in texts.items()
+        }
+
+    def render(self, variables: Mapping[str, Any]) -> JSON:
+        return render(self.skeleton, variables)
+
+    def plan(self, variables: Mapping[str, Any], max_children: int) -> list[dict[str, Any]]:
+        """Validate, render and split: the child specs this trigger would run."""
+        rendered = self.precheck(variables, max_children)
+        return check_specs(self.split(rendered), max_children)
+
+    def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
+        """Validate and render; reject an oversized split early where the strategy can count."""
+        rendered = self.render(self.validate(variables))
+        count = getattr(self.split, "count", None)
+        if count is not None:
+            check_count(count(rendered), max_children)
+        return rendered
+
+    def _describe_params(self) -> str:
+        return ", ".join(f"{n}: {p.type_name}" for n, p in self.params.items()) or "none"
+
+    def submit(self, variables: Mapping[str, Any] | None = None, key: str | None = None) -> Run:
+        from dtask.client import submit
+
+        return submit(self.name, dict(variables or {}), key=key)
+
+    def delay(self, **variables: Any) -> Run:
+        """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
+        return self.submit(variables)
+
+    def __call__(self, ctx: ChildContext, **spec: Any) -> None:
+        self.function(ctx, **spec)
+
+
+class Registry:
+    """Templates by name. Re-registering the same function (a module reload) replaces it."""
+
+    def __init__(self) -> None:
+        self._templates: dict[str, Template] = {}
+
+    def add(self, template: Template) -> Template:
+        existing = self._templates.get(template.name)
+        if existing is not None and _origin(existing.function) != _origin(template.function):
+            raise TemplateDefinitionError(
+                f"template {template.name!r} is defined twice:"
+                f" {_origin(existing.function)} and {_origin(template.function)}"
+            )
+        self._templates[template.name] = template
+        return template
+
+    def get(self, name: str) -> Template:
+        try:
+            return self._templates[name]
+        except KeyError:
+            known = ", ".join(sorted(self._templates)) or "none"
+            raise UnknownTemplate(
+                f"unknown template {name!r} (known: {known}; load yours with DTASK_TEMPLATES)"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._templates)
+
+    def all(self) -> list[Template]:
+        return [self._templates[n] for n in self.names()]
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+
+
+registry = Registry()
+
+
+def template(
+    name: str,
+    *,
+    params: Mapping[str, type | Param] | None = None,
+    skeleton: JSON = None,
+    split: SplitStrategy,
+    max_attempts: int = 3,
+    queue: str | None = None,
+    checkpoint_interval: float | None = None,
+    checkpoint_every: int | None = None,
+) -> Callable[[ChildFunction], Template]:
+    """Register the decorated child function as a template (see README)."""
+
+    def register(fn: ChildFunction) -> Template:
+        return registry.add(
+            Template(
+                name=name,
+                params={n: _as_param(n, p) for n, p in (params or {}).items()},
+                skeleton=skeleton if skeleton is not None else {},
+                split=split,
+                function=fn,
+                options=TemplateOptions(
+                    max_attempts=max_attempts,
+                    queue=queue,
+                    checkpoint_interval=checkpoint_interval,
+                    checkpoint_every=checkpoint_every,
+                ),
+            )
+        )
+
+    return register

@@ -1,0 +1,23 @@
+"""The Celery app. Tasks are registered at import; URLs are applied by ``configure``."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from dtask import services
+from dtask.settings import load
+from dtask.worker.config import celery_settings
+
+app = Celery("dtask", set_as_current=False)
+app.conf.update(celery_settings(load()))
+
+
+def configure() -> Celery:
+    """Start/attach the services, load templates, point the app at them. Idempotent."""
+    resolved = services.current()
+    services.load_templates(resolved.settings)
+    app.conf.update(celery_settings(resolved.settings))
+    return app
+
+
+import dtask.worker.tasks  # noqa: E402,F401  (registers the tasks on ``app``)
