@@ -51,7 +51,9 @@ class Run:
                     f"run {self.id} is still {status.state.value} after {timeout:g} s"
                     f" ({status.children.finished}/{status.children.total} children done)"
                 )
-            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            time.sleep(
+                delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))
+            )
             delay = min(delay * 2, poll)
 
 

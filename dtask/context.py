@@ -78,7 +78,9 @@ class ChildContext:
         done = self._resume_offset()
         every = checkpoint_every or self._every
         interval = self._interval if checkpoint_interval is None else checkpoint_interval
-        remaining: Iterable[T] = items[done:] if isinstance(items, range) else islice(items, done, None)  # type: ignore[assignment]
+        remaining: Iterable[Any] = (
+            items[done:] if isinstance(items, range) else islice(items, done, None)
+        )
         since_write = 0
         last_write = time.monotonic()
         for item in remaining:

@@ -1,4 +1,4 @@
-"""States of master runs and child tasks, their allowed transitions, and status value objects. Pure."""
+"""States of runs and children, their allowed transitions, and status value objects. Pure."""
 
 from __future__ import annotations
 

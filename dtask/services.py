@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 from dtask import embedded
 from dtask import settings as settings_module
-from dtask.db import Store, engine_for
-from dtask.db import schema
+from dtask.db import Store, engine_for, schema
 from dtask.exceptions import ConfigurationError
 from dtask.settings import Settings
 

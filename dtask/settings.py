@@ -26,7 +26,6 @@ class Settings:
     checkpoint_interval: float
     checkpoint_every: int
     retry_delay: float
-    submit_timeout: float
 
     @property
     def embedded_database(self) -> bool:
@@ -46,10 +45,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),
     "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
     "DTASK_LEASE_TTL": ("10", "seconds a child's lease lasts without renewal"),
-    "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume checkpoints at most this often (seconds)"),
+    "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
     "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
-    "DTASK_SUBMIT_TIMEOUT": ("10", "seconds submit may spend reaching the broker"),
 }
 
 
@@ -92,7 +90,6 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         checkpoint_interval=_number(env, "DTASK_CHECKPOINT_INTERVAL", 1.0, float, 0.0),
         checkpoint_every=_number(env, "DTASK_CHECKPOINT_EVERY", 10_000, int, 1),
         retry_delay=_number(env, "DTASK_RETRY_DELAY", 1.0, float, 0.0),
-        submit_timeout=_number(env, "DTASK_SUBMIT_TIMEOUT", 10.0, float, 0.1),
     )
 
 

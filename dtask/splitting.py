@@ -1,4 +1,4 @@
-"""Split strategies: a rendered skeleton -> disjoint child specs (the kwargs of each child). Pure."""
+"""Split strategies: a rendered skeleton -> disjoint child specs (each child's kwargs). Pure."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class RangeSplit:
     """Split the inclusive range ``[rendered[start], rendered[end]]`` into chunks ``[a, b]``.
 
     ``chunk`` is the size of each child's range; ``parts`` (if given) instead asks for that
-    many children of near-equal size.
+    many children of near-equal size. ``carry`` names skeleton keys copied into every spec.
     """
 
     start: str
@@ -79,6 +79,7 @@ class RangeSplit:
     parts: int | None = None
     a: str = "a"
     b: str = "b"
+    carry: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
@@ -119,6 +120,12 @@ class RangeSplit:
     def __call__(self, rendered: Any) -> list[ChildSpec]:
         lo, hi = self.bounds(rendered)
         width = self._width(lo, hi)
-        specs = [{self.a: a, self.b: min(a + width - 1, hi)} for a in range(lo, hi + 1, width)]
+        missing = [k for k in self.carry if k not in rendered]
+        if missing:
+            raise InvalidSplit(f"RangeSplit: the skeleton has no key {missing[0]!r} to carry")
+        extra = {k: rendered[k] for k in self.carry}
+        specs = [
+            {self.a: a, self.b: min(a + width - 1, hi), **extra} for a in range(lo, hi + 1, width)
+        ]
         check_ranges(specs, lo, hi, self.a, self.b)
         return specs

@@ -1,4 +1,4 @@
-"""Templates: typed parameters, a skeleton with ``${name}`` placeholders, a split and a child function.
+"""Templates: typed parameters, a skeleton with ``${name}`` placeholders, a split, a child.
 
 Pure: no Celery, no SQL. ``Template.delay``/``submit`` reach the client lazily.
 """
@@ -91,7 +91,9 @@ def _as_param(name: str, spec: type | Param) -> Param:
         return spec
     if isinstance(spec, type):
         return Param(spec)
-    raise TemplateDefinitionError(f"parameter {name!r}: expected a type or dtask.Param, got {spec!r}")
+    raise TemplateDefinitionError(
+        f"parameter {name!r}: expected a type or dtask.Param, got {spec!r}"
+    )
 
 
 def placeholders(skeleton: JSON) -> set[str]:
@@ -191,7 +193,7 @@ class Template:
         return checked
 
     def parse_variables(self, texts: Mapping[str, str]) -> dict[str, Any]:
-        """Command-line ``NAME=VALUE`` texts -> typed values (unknown names are left to validate)."""
+        """Command-line ``NAME=VALUE`` texts -> typed values (unknown names left to validate)."""
         return {
             name: self.params[name].parse(name, text) if name in self.params else text
             for name, text in texts.items()

@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection dtask hands over, or on dtask's configured database."""
+"""Alembic environment: the connection dtask hands over, or dtask's configured database."""
 
 from alembic import context
 from sqlalchemy import text

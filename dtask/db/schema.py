@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from sqlalchemy import Engine, text
@@ -11,6 +12,7 @@ from dtask.db.engine import unreachable
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 HEAD = "0001"
+_upgrading = threading.Lock()
 
 
 def alembic_config(url: str) -> object:
@@ -37,7 +39,7 @@ def upgrade(engine: Engine) -> None:
     from alembic import command
 
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with _upgrading, engine.begin() as conn:  # alembic's context is process-global
         config.attributes["connection"] = conn  # type: ignore[attr-defined]
         command.upgrade(config, "head")  # type: ignore[arg-type]
 

@@ -64,6 +64,7 @@ class Claim:
 class Refusal:
     reason: ClaimRefusal
     error: str | None = None
+    lease_left: float = 0.0  # seconds until a BUSY child's current lease expires
 
 
 class Store:
@@ -80,7 +81,8 @@ class Store:
         except ProgrammingError as exc:
             if "does not exist" in str(exc.orig):
                 raise DatabaseUnavailable(
-                    f"dtask's tables are missing in {mask(str(self.engine.url))}: run `dtask migrate`"
+                    f"dtask's tables are missing in {mask(str(self.engine.url))}:"
+                    " run `dtask migrate`"
                 ) from None
             raise
 
@@ -223,8 +225,8 @@ class Store:
                 return run.state
             group_id = run.group_id or f"dtask-{run_id}-{run.dispatches + 1}"
             children = [
-                (row.index, row.spec)
-                for row in conn.execute(
+                (int(index), spec)
+                for index, spec in conn.execute(
                     text(
                         "SELECT index, spec FROM dtask_children WHERE run_id = :id"
                         " AND state IN ('pending', 'running') ORDER BY index"
@@ -275,13 +277,13 @@ class Store:
     def _failure_summary(conn: Connection, run_id: int) -> str:
         failed = conn.execute(
             text(
-                "SELECT index, error, count(*) OVER () AS n FROM dtask_children"
+                "SELECT index AS child, error, count(*) OVER () AS n FROM dtask_children"
                 " WHERE run_id = :id AND state = 'failed' ORDER BY index LIMIT 3"
             ),
             {"id": run_id},
         ).all()
         total = failed[0].n if failed else 0
-        shown = "; ".join(f"child {r.index}: {r.error}" for r in failed)
+        shown = "; ".join(f"child {r.child}: {r.error}" for r in failed)
         return f"{total} child task(s) failed: {shown}"
 
     @staticmethod
@@ -322,9 +324,7 @@ class Store:
 
     # --- children -----------------------------------------------------------------------
 
-    def claim_child(
-        self, run_id: int, index: int, owner: str, lease_ttl: float
-    ) -> Claim | Refusal:
+    def claim_child(self, run_id: int, index: int, owner: str, lease_ttl: float) -> Claim | Refusal:
         """Take the child (pending, or running with an expired lease): the fence moves."""
         with self._tx() as conn:
             row = conn.execute(
@@ -351,7 +351,8 @@ class Store:
             current = conn.execute(
                 text(
                     "SELECT id, state, attempt, max_attempts, error,"
-                    " coalesce(lease_expires_at > now(), false) AS leased"
+                    " coalesce(lease_expires_at > now(), false) AS leased,"
+                    " greatest(extract(epoch FROM lease_expires_at - now()), 0) AS lease_left"
                     " FROM dtask_children WHERE run_id = :run AND index = :index"
                 ),
                 {"run": run_id, "index": index},
@@ -362,7 +363,7 @@ class Store:
                 ChildState(current.state), current.attempt, current.max_attempts, current.leased
             )
             if reason is not ClaimRefusal.EXHAUSTED:
-                return Refusal(reason, current.error)
+                return Refusal(reason, current.error, float(current.lease_left or 0))
             error = _exhausted(current.attempt, current.error)
             failed = conn.execute(
                 text(
@@ -386,7 +387,12 @@ class Store:
                     " lease_expires_at = now() + make_interval(secs => :ttl), updated_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                 ),
-                {"id": claim.child_id, "fence": claim.fence, "cp": json.dumps(state), "ttl": lease_ttl},
+                {
+                    "id": claim.child_id,
+                    "fence": claim.fence,
+                    "cp": json.dumps(state),
+                    "ttl": lease_ttl,
+                },
             )
             if result.rowcount != 1:
                 raise LeaseLost(_lease_lost(claim))
@@ -470,4 +476,3 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         finished_at=row.finished_at,
         error=row.error,
     )
-

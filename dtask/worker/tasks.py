@@ -94,7 +94,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     config = services.current().settings
     taken = store.claim_child(run_id, index, owner_name(), config.lease_ttl)
     if isinstance(taken, Refusal):
-        _refused(run_id, index, taken)
+        _refused(self, run_id, index, taken)
         return None
     claim = taken
     try:
@@ -118,11 +118,19 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     return None
 
 
-def _refused(run_id: int, index: int, refusal: Refusal) -> None:
+def _refused(task: Task, run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.DONE:
         return  # same id, state and result as the first report: the chord counts it once
     if refusal.reason is ClaimRefusal.FAILED:
         raise ChildFailed(refusal.error or "failed")
+    if refusal.reason is ClaimRefusal.BUSY:
+        # A duplicate message (e.g. requeued after its pool process died): look again when the
+        # current lease runs out. A live owner renews it; a dead one's child is taken over.
+        log.info(
+            "run %s child %s is leased elsewhere; checking again in %.1f s",
+            run_id, index, refusal.lease_left,
+        )  # fmt: skip
+        raise task.retry(countdown=refusal.lease_left + 0.5, max_retries=None)
     log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
     raise Ignore()
 

@@ -31,10 +31,14 @@ def upgrade() -> None:
         sa.Column("group_id", sa.String(100), nullable=True),
         sa.Column("dispatches", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.CheckConstraint(RUN_STATES, name=op.f("ck_dtask_runs_state")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dtask_runs")),
         sa.UniqueConstraint("trigger_key", name=op.f("uq_dtask_runs_trigger_key")),
@@ -61,7 +65,9 @@ def upgrade() -> None:
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.CheckConstraint(CHILD_STATES, name=op.f("ck_dtask_children_state")),
         sa.CheckConstraint(
             "attempt >= 0 AND attempt <= max_attempts", name=op.f("ck_dtask_children_attempt")

@@ -1,0 +1,84 @@
+"""Bad input and unreachable services: one actionable line, exit 2, nothing half-created."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from sqlalchemy import text
+
+from dtask import services
+from tests.conftest import DTASK, REPO
+
+pytestmark = pytest.mark.acceptance
+
+
+def run_count() -> int:
+    with services.store().engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["submit", "nope"], "unknown template 'nope' (known: always_fails, flaky_range"),
+        (["submit", "print_range"], "template 'print_range' needs 'n'"),
+        (["submit", "print_range", "-v", "n=abc"], "variable 'n' must be int, got 'abc'"),
+        (["submit", "print_range", "-v", "n=-5"], "the range start=1 .. end=-5 is empty"),
+        (["submit", "print_range", "-v", "n=5", "-v", "m=1"], "has no parameter 'm'"),
+        (
+            ["submit", "print_range", "-v", "n=1000000000"],
+            "1,000,000 children, more than the maximum 100,000",
+        ),
+        (["submit", "print_range", "-v", "n"], "-v expects NAME=VALUE"),
+        (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
+        (["status", "987654"], "no run with id 987654"),
+        (["status", "abc"], "invalid int value"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(
+    dtask_env: dict[str, str], args: list[str], message: str
+) -> None:
+    before = run_count()
+    result = subprocess.run([DTASK, *args], env=dtask_env, cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert run_count() == before
+
+
+def test_a_too_large_split_is_also_configurable(dtask_env: dict[str, str]) -> None:
+    env = {**dtask_env, "DTASK_MAX_CHILDREN": "5"}
+    result = subprocess.run(
+        [DTASK, "submit", "print_range", "-v", "n=6000"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "6 children, more than the maximum 5" in result.stderr
+
+
+def test_broker_down_at_submit_leaves_no_run(dtask_env: dict[str, str]) -> None:
+    before = run_count()
+    env = {**dtask_env, "DTASK_BROKER_URL": "redis://127.0.0.1:1/0"}
+    result = subprocess.run(
+        [DTASK, "submit", "print_range", "-v", "n=10"], env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "cannot reach the broker at redis://127.0.0.1:1/0" in result.stderr
+    assert "no run was created" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert run_count() == before
+
+
+def test_database_down_is_one_line(dtask_env: dict[str, str]) -> None:
+    env = {**dtask_env, "DTASK_DATABASE_URL": "postgresql+psycopg://dtask:s3cret@127.0.0.1:1/dtask"}
+    for args in (["submit", "print_range", "-v", "n=10"], ["runs"], ["status", "1"]):
+        result = subprocess.run([DTASK, *args], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, args
+        assert (
+            "cannot reach PostgreSQL at postgresql+psycopg://dtask:***@127.0.0.1:1/dtask"
+            in result.stderr
+        )
+        assert "s3cret" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1

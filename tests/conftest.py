@@ -1,0 +1,111 @@
+"""Shared fixtures: an embedded PostgreSQL + Redis under a temporary DTASK_HOME for the whole
+session (no system service is used), and real `dtask worker` subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dtask import embedded, services
+
+REPO = Path(__file__).resolve().parents[1]
+DTASK = str(Path(sys.executable).with_name("dtask"))
+
+
+@pytest.fixture(scope="session")
+def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """DTASK_* for this session, applied to this process and handed to subprocesses."""
+    home = tmp_path_factory.mktemp("home")
+    sink = tmp_path_factory.mktemp("sink")
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith("DTASK_")]:
+        del os.environ[name]
+    os.environ.update(
+        DTASK_HOME=str(home),
+        DTASK_TEMPLATES="tests.support.templates",
+        DTASK_TEST_SINK=str(sink),
+        DTASK_RETRY_DELAY="0.2",
+        PYTHONPATH=str(REPO),
+    )
+    services.reset()
+    try:
+        services.store()  # start the embedded services and migrate once, up front
+        yield dict(os.environ)
+    finally:
+        services.reset()
+        embedded.stop(home)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def sink(dtask_env: dict[str, str]) -> Path:
+    return Path(dtask_env["DTASK_TEST_SINK"])
+
+
+class WorkerProcess:
+    """A real `dtask worker` in its own process group, its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(
+            [DTASK, "worker", "--without-mingle", "--without-gossip", *args],
+            env=env,
+            cwd=REPO,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if " ready." in self.output():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker not ready after {timeout} s:\n{self.output()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+
+
+def printed_numbers(text: str) -> list[int]:
+    """Numbers the sample template printed (Celery logs a child's stdout line by line)."""
+    return [int(m) for m in re.findall(r"^\[[^\]]*/ForkPoolWorker-\d+\] (\d+)$", text, re.M)]
+
+
+@pytest.fixture(scope="module")
+def workers(
+    dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[WorkerProcess]]:
+    """Two worker processes (2 pool processes each), shared by a test module."""
+    logs = tmp_path_factory.mktemp("workers")
+    started = [WorkerProcess(dtask_env, logs / f"w{i}.log", "-c", "2") for i in range(2)]
+    try:
+        for worker in started:
+            worker.wait_ready()
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()

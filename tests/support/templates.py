@@ -1,0 +1,86 @@
+"""Templates used by the acceptance tests (loaded by workers through DTASK_TEMPLATES).
+
+Each child appends the items it processes to a file under DTASK_TEST_SINK, one line each, so a
+test can check coverage and count re-processed items after a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dtask
+
+
+def _sink(ctx: dtask.ChildContext) -> Path:
+    return Path(os.environ["DTASK_TEST_SINK"]) / f"{ctx.run_id}-{ctx.index}.txt"
+
+
+@dtask.template(
+    "flaky_range",
+    params={"n": int, "fail_at": int},
+    skeleton={"start": 1, "end": "${n}", "fail_at": "${fail_at}"},
+    split=dtask.RangeSplit("start", "end", chunk=100, carry=("fail_at",)),
+    checkpoint_every=10,
+    checkpoint_interval=3600,
+)
+def flaky_range(ctx: dtask.ChildContext, a: int, b: int, fail_at: int) -> None:
+    """Raises once (first attempt) when it reaches ``fail_at``; the retry resumes."""
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            if i == fail_at and ctx.attempt == 1:
+                raise RuntimeError(f"boom at {i}")
+            out.write(f"{i}\n")
+            out.flush()
+
+
+@dtask.template(
+    "always_fails",
+    params={"n": int, "bad": int},
+    skeleton={"start": 1, "end": "${n}", "bad": "${bad}"},
+    split=lambda r: [
+        {"a": a, "b": min(a + 9, r["end"]), "bad": r["bad"]} for a in range(1, r["end"] + 1, 10)
+    ],
+    max_attempts=3,
+)
+def always_fails(ctx: dtask.ChildContext, a: int, b: int, bad: int) -> None:
+    with _sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt}\n")
+    if a <= bad <= b:
+        raise ValueError(f"item {bad} is poison")
+
+
+@dtask.template(
+    "free_form",
+    params={"steps": dtask.Param(int, min=1, max=50)},
+    skeleton={"steps": "${steps}"},
+    split=lambda r: [{"steps": r["steps"]}],
+)
+def free_form(ctx: dtask.ChildContext, steps: int) -> None:
+    """Uses ctx.checkpoint/ctx.checkpoint_state directly; fails once halfway."""
+    state = ctx.checkpoint_state or {"step": 0, "total": 0}
+    with _sink(ctx).open("a") as out:
+        while state["step"] < steps:
+            if state["step"] == steps // 2 and ctx.attempt == 1:
+                raise RuntimeError("halfway")
+            state = {"step": state["step"] + 1, "total": state["total"] + state["step"] + 1}
+            ctx.checkpoint(state)
+            out.write(f"{state['step']}\n")
+
+
+@dtask.template(
+    "slow_range",
+    params={"n": int, "delay": float},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}"},
+    split=dtask.RangeSplit("start", "end", chunk=20, carry=("delay",)),
+    checkpoint_every=5,
+    checkpoint_interval=3600,
+)
+def slow_range(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
+    import time
+
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            time.sleep(delay)
+            out.write(f"{i}\n")
+            out.flush()

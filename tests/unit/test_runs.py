@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from dtask.runs import (
+    ChildCounts,
+    ChildState,
+    ClaimRefusal,
+    RunState,
+    RunStatus,
+    can_move,
+    can_move_child,
+    outcome,
+    refuse_claim,
+    sources,
+)
+
+
+@pytest.mark.parametrize(
+    ("current", "target", "allowed"),
+    [
+        (RunState.PENDING, RunState.SPLITTING, True),
+        (RunState.SPLITTING, RunState.RUNNING, True),
+        (RunState.RUNNING, RunState.SUCCEEDED, True),
+        (RunState.RUNNING, RunState.FAILED, True),
+        (RunState.PENDING, RunState.RUNNING, False),
+        (RunState.SUCCEEDED, RunState.FAILED, False),
+        (RunState.FAILED, RunState.RUNNING, False),
+        (RunState.RUNNING, RunState.PENDING, False),
+    ],
+)
+def test_run_transitions(current: RunState, target: RunState, allowed: bool) -> None:
+    assert can_move(current, target) is allowed
+
+
+def test_finished_states_are_final() -> None:
+    for state in RunState:
+        if state.finished:
+            assert not any(can_move(state, t) for t in RunState)
+    for child_state in ChildState:
+        if child_state.finished:
+            assert not any(can_move_child(child_state, t) for t in ChildState)
+
+
+def test_sources_of_a_final_state() -> None:
+    assert set(sources(RunState.SUCCEEDED)) == {"running"}
+    assert set(sources(RunState.FAILED)) == {"pending", "splitting", "running"}
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ({"succeeded": 3}, RunState.SUCCEEDED),
+        ({"succeeded": 2, "failed": 1}, RunState.FAILED),
+        ({"succeeded": 2, "running": 1}, None),
+        ({"pending": 1, "failed": 1}, None),
+        ({}, None),
+    ],
+)
+def test_outcome_waits_for_every_child(states: dict[str, int], expected: RunState | None) -> None:
+    assert outcome(ChildCounts.from_states(states)) is expected
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "leased", "expected"),
+    [
+        (None, 0, False, ClaimRefusal.GONE),
+        (ChildState.SUCCEEDED, 1, False, ClaimRefusal.DONE),
+        (ChildState.FAILED, 3, False, ClaimRefusal.FAILED),
+        (ChildState.RUNNING, 1, True, ClaimRefusal.BUSY),
+        (ChildState.RUNNING, 3, False, ClaimRefusal.EXHAUSTED),
+        (ChildState.PENDING, 3, False, ClaimRefusal.EXHAUSTED),
+        (ChildState.PENDING, 1, False, ClaimRefusal.BUSY),
+    ],
+)
+def test_refuse_claim(
+    state: ChildState | None, attempt: int, leased: bool, expected: ClaimRefusal
+) -> None:
+    assert refuse_claim(state, attempt, 3, leased) is expected
+
+
+def test_status_json_has_the_documented_shape() -> None:
+    status = RunStatus(
+        id=1,
+        template="t",
+        key="k",
+        state=RunState.RUNNING,
+        variables={"n": 1},
+        children=ChildCounts.from_states({"running": 1, "succeeded": 2}),
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        finished_at=None,
+        error=None,
+    )
+    data = status.as_json()
+    assert list(data) == [
+        "id", "template", "key", "state", "variables", "children", "created_at", "finished_at",
+        "error",
+    ]  # fmt: skip
+    assert data["children"] == {
+        "total": 3, "pending": 0, "running": 1, "succeeded": 2, "failed": 0,
+    }  # fmt: skip
