@@ -1,0 +1,54 @@
+"""The master -> chord -> finalize path on Celery's in-process test worker (celery.contrib.pytest)
+against the real embedded Redis and PostgreSQL: fast, no subprocess."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import dtask
+from dtask import services
+from dtask.worker.tasks import child, chord_callback, child_task_id
+
+
+@pytest.fixture(scope="module")
+def celery_app(dtask_env: dict[str, str]) -> Iterator[Celery]:
+    import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping for the fixture)
+
+    from dtask.worker import configure
+
+    yield configure()
+
+
+@pytest.fixture(scope="module")
+def celery_worker_parameters() -> dict[str, Any]:
+    return {"queues": ("dtask",), "perform_ping_check": False}
+
+
+def test_a_run_completes_through_the_chord_and_late_duplicates_change_nothing(
+    celery_app: Celery, celery_worker: Any
+) -> None:
+    run = dtask.submit("print_range", {"n": 3500}, key=f"inproc-{uuid.uuid4()}")
+    status = run.wait(timeout=30)
+    assert status.state is dtask.RunState.SUCCEEDED
+    assert status.children.succeeded == 4
+
+    record = services.store().run(run.id)
+    assert record.group_id is not None
+    # A late copy of a finished child: same id and chord options, as a redelivery would be.
+    late = child.apply_async(
+        args=(run.id, 0, "print_range", {"a": 1, "b": 1000}),
+        task_id=child_task_id(record.group_id, 0),
+        group_id=record.group_id,
+        group_index=0,
+        chord=chord_callback(run.id, record.group_id),
+    )
+    assert late.get(timeout=10) is None
+    after = run.status()
+    assert after.state is dtask.RunState.SUCCEEDED
+    assert after.children == status.children
+    assert after.finished_at == status.finished_at
