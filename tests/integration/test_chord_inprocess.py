@@ -12,7 +12,7 @@ from celery import Celery
 
 import dtask
 from dtask import services
-from dtask.worker.tasks import child, chord_callback, child_task_id
+from dtask.worker.tasks import child, child_task_id, chord_callback
 
 
 @pytest.fixture(scope="module")

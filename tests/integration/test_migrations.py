@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import create_engine, text
 
 from dtask import services
 from dtask.db import schema
@@ -33,9 +34,14 @@ def empty_database(dtask_env: dict[str, str]) -> Iterator[str]:
         admin.dispose()
 
 
-def _diff(engine: Engine) -> list[object]:
-    with engine.connect() as conn:
-        return list(compare_metadata(MigrationContext.configure(conn), Base.metadata))
+def assert_at_head_matching_models(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        assert schema.current_revision(engine) == schema.HEAD
+        with engine.connect() as conn:
+            assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+    finally:
+        engine.dispose()
 
 
 def test_alembic_upgrade_head_matches_the_models(empty_database: str) -> None:
@@ -48,12 +54,7 @@ def test_alembic_upgrade_head_matches_the_models(empty_database: str) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    engine = create_engine(empty_database)
-    try:
-        assert schema.current_revision(engine) == schema.HEAD
-        assert _diff(engine) == []
-    finally:
-        engine.dispose()
+    assert_at_head_matching_models(empty_database)
 
 
 def test_concurrent_upgrades_from_many_processes_serialize(empty_database: str) -> None:
@@ -69,15 +70,8 @@ def test_concurrent_upgrades_from_many_processes_serialize(empty_database: str) 
     ]
     failures = [err for _, err in (p.communicate(timeout=60) for p in procs) if err]
     assert [p.returncode for p in procs] == [0] * 4, failures
-    engine = create_engine(empty_database)
-    try:
-        assert schema.current_revision(engine) == schema.HEAD
-        assert _diff(engine) == []
-    finally:
-        engine.dispose()
+    assert_at_head_matching_models(empty_database)
 
 
 def _env(database_url: str) -> dict[str, str]:
-    import os
-
     return {**os.environ, "DTASK_DATABASE_URL": database_url}
