@@ -200,9 +200,11 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 
 def _cmd_worker(extra: Sequence[str]) -> int:
-    from dtask.worker import configure
+    from dtask.worker import configure, reaper
 
-    configure().worker_main(worker_argv(extra))
+    app = configure()
+    reaper.install()
+    app.worker_main(worker_argv(extra))
     return EXIT_OK
 
 

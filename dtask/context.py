@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
+from dtask.exceptions import LeaseLost
+
 T = TypeVar("T")
 
 CheckpointWriter = Callable[[Any], None]
@@ -33,6 +35,7 @@ class ChildContext:
         checkpoint_interval: float,
         checkpoint_every: int,
         stop_requested: Callable[[], bool] = lambda: False,
+        lease_lost: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_id = run_id
         self.index = index
@@ -42,6 +45,7 @@ class ChildContext:
         self._interval = checkpoint_interval
         self._every = checkpoint_every
         self._stop_requested = stop_requested
+        self._lease_lost = lease_lost
         self._unsaved: Any = None
         self.log = logging.getLogger(f"dtask.child.{run_id}.{index}")
 
@@ -61,8 +65,9 @@ class ChildContext:
         return self._unsaved
 
     def should_stop(self) -> bool:
-        """True when this worker is asked to hand the child over (cancel or scale-down)."""
-        return self._stop_requested()
+        """True when this worker must let go of the child: asked to hand it over, or it was
+        taken over by another worker (then the next checkpoint raises LeaseLost)."""
+        return self._lease_lost() or self._stop_requested()
 
     def resume(
         self,
@@ -84,6 +89,8 @@ class ChildContext:
         since_write = 0
         last_write = time.monotonic()
         for item in remaining:
+            if self._lease_lost():
+                raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
             yield item
             done += 1
             since_write += 1

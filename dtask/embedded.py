@@ -133,19 +133,37 @@ def stop(home: Path) -> list[str]:
     """Stop the embedded services under ``home``; return what was stopped."""
     stopped: list[str] = []
     with _locked(home):
-        pidfile = home / "redis" / "redis.pid"
-        if _stop_pid(pidfile):
+        if _stop_pid(home / "redis" / "redis.pid"):
             stopped.append("redis")
-        pgdata = home / "postgres"
-        if (pgdata / "postmaster.pid").exists():
-            commands = _quiet_import_pgserver()._commands
-            user = "pgserver" if os.geteuid() == 0 else None
-            try:
-                commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
-                stopped.append("postgres")
-            except subprocess.CalledProcessError:
-                pass
+        if _pg_ctl(home, "stop"):
+            stopped.append("postgres")
     return stopped
+
+
+def restart_redis(home: Path) -> None:
+    """Stop the embedded Redis (its data is gone: it keeps none) and start it again."""
+    with _locked(home):
+        _stop_pid(home / "redis" / "redis.pid")
+    ensure_redis(home)
+
+
+def restart_postgres(home: Path) -> None:
+    """Restart the embedded PostgreSQL (fast shutdown: every session is cut)."""
+    with _locked(home):
+        _pg_ctl(home, "restart")
+
+
+def _pg_ctl(home: Path, action: str) -> bool:
+    pgdata = home / "postgres"
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    commands = _quiet_import_pgserver()._commands
+    user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs postgres as this user
+    try:
+        commands.pg_ctl(["-w", "-m", "fast", action], pgdata=pgdata, user=user)
+    except subprocess.CalledProcessError:
+        return False
+    return True
 
 
 def _stop_pid(pidfile: Path) -> bool:

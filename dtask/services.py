@@ -32,8 +32,8 @@ _loaded_templates = False
 
 def broker_urls(config: Settings) -> tuple[str, str]:
     """Broker and result backend URLs; the embedded Redis's are known without starting it."""
-    broker = config.broker_url or embedded.redis_url(config.home)
-    return broker, config.result_backend or broker
+    local = embedded.redis_url(config.home)
+    return config.broker_url or local, config.result_backend or local
 
 
 def current() -> Services:
@@ -43,7 +43,7 @@ def current() -> Services:
         if _current is None:
             config = settings_module.load()
             database = config.database_url or embedded.postgres_url(config.home)
-            if config.embedded_broker:
+            if config.embedded_broker or config.embedded_result_backend:
                 embedded.ensure_redis(config.home)
             broker, backend = broker_urls(config)
             _current = Services(config, database, broker, backend)

@@ -24,10 +24,26 @@ def engine_for(url: str) -> Engine:
                 pool_pre_ping=True,  # survive a PostgreSQL restart without a failed write
                 pool_size=4,
                 max_overflow=8,
-                connect_args={"connect_timeout": 5, "application_name": "dtask"},
+                connect_args={
+                    "connect_timeout": 5,
+                    # the pid lets operators (and fault tests) map a backend to its process
+                    "application_name": f"dtask:{os.getpid()}",
+                },
             )
             _engines[key] = engine
         return engine
+
+
+def _forget_inherited_engines() -> None:
+    # A forked child must not close its parent's sockets (that would end the parent's
+    # sessions): drop the inherited pools without closing them.
+    global _lock
+    _lock = threading.Lock()
+    for key in [k for k in _engines if k[0] != os.getpid()]:
+        _engines.pop(key).dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_inherited_engines)
 
 
 def unreachable(exc: OperationalError, engine: Engine) -> DatabaseUnavailable:

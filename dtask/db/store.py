@@ -30,6 +30,7 @@ from dtask.runs import (
 from dtask.settings import mask
 
 _LOCK_NAMESPACE = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
+_REAPER_NAMESPACE = 0x64746C
 
 _RUN_COLUMNS = "id, template, trigger_key, variables, state, created_at, finished_at, error"
 
@@ -61,6 +62,18 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Redispatch:
+    """Everything needed to re-send one child message with its original identity."""
+
+    run_id: int
+    index: int
+    spec: dict[str, Any]
+    template: str
+    group_id: str
+    queue: str | None
+
+
+@dataclass(frozen=True)
 class Refusal:
     reason: ClaimRefusal
     error: str | None = None
@@ -87,12 +100,14 @@ class Store:
             raise
 
     @staticmethod
-    def _lock_run(conn: Connection, run_id: int) -> None:
+    def _lock_run(conn: Connection, run_id: int, wait: bool = True) -> bool:
         # Transaction-level only: session locks would leak across pooled connections.
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(:ns, :key)"),
+        function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+        result = conn.execute(
+            text(f"SELECT {function}(:ns, :key)"),
             {"ns": _LOCK_NAMESPACE, "key": run_id & 0x7FFFFFFF},
-        )
+        ).scalar()
+        return wait or bool(result)
 
     # --- runs ---------------------------------------------------------------------------
 
@@ -169,14 +184,19 @@ class Store:
         )
 
     def split_run(
-        self, run_id: int, plan: Callable[[RunRecord], Sequence[dict[str, Any]]]
+        self,
+        run_id: int,
+        plan: Callable[[RunRecord], Sequence[dict[str, Any]]],
+        wait: bool = True,
     ) -> RunState:
         """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
 
-        If ``plan`` raises a DtaskError the run is failed with its message.
+        If ``plan`` raises a DtaskError the run is failed with its message. With
+        ``wait=False`` a run whose lock is held (a master is on it) is left alone.
         """
         with self._tx() as conn:
-            self._lock_run(conn, run_id)
+            if not self._lock_run(conn, run_id, wait):
+                return self._run(conn, run_id).state
             run = self._run(conn, run_id)
             if run.state is not RunState.PENDING:
                 return run.state
@@ -211,7 +231,10 @@ class Store:
                 copy.write_row((run_id, index, json.dumps(spec), max_attempts))
 
     def dispatch_run(
-        self, run_id: int, send: Callable[[RunRecord, str, list[tuple[int, dict[str, Any]]]], None]
+        self,
+        run_id: int,
+        send: Callable[[RunRecord, str, list[tuple[int, dict[str, Any]]]], None],
+        wait: bool = True,
     ) -> RunState:
         """splitting -> running: ``send`` the chord of unfinished children, under the run's lock.
 
@@ -219,7 +242,8 @@ class Store:
         master message sends again with the same group id, so the chord still completes once.
         """
         with self._tx() as conn:
-            self._lock_run(conn, run_id)
+            if not self._lock_run(conn, run_id, wait):
+                return self._run(conn, run_id).state
             run = self._run(conn, run_id)
             if run.state is not RunState.SPLITTING:
                 return run.state
@@ -437,6 +461,19 @@ class Store:
             raise LeaseLost(_lease_lost(claim))
         return ChildState(row.state)
 
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> bool:
+        """Heartbeat: extend our lease. False when the fence has moved (we lost the child)."""
+        with self._tx() as conn:
+            result = conn.execute(
+                text(
+                    "UPDATE dtask_children"
+                    " SET lease_expires_at = now() + make_interval(secs => :ttl)"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
+            )
+            return result.rowcount == 1
+
     def child_error(self, run_id: int, index: int) -> str | None:
         with self._tx() as conn:
             row = conn.execute(
@@ -444,6 +481,108 @@ class Store:
                 {"run": run_id, "index": index},
             ).first()
         return None if row is None else row.error
+
+    # --- the reaper ---------------------------------------------------------------------
+
+    @contextmanager
+    def reaper_turn(self) -> Iterator[bool]:
+        """True inside the block for exactly one caller cluster-wide at a time."""
+        with self._tx() as conn:
+            yield bool(
+                conn.execute(
+                    text("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
+                ).scalar()
+            )
+
+    def release_expired(self, limit: int = 1000) -> list[Redispatch]:
+        """Expired leases (their owner died or hung) -> pending again, to be re-sent at once.
+
+        The dead owner's attempt stays counted, so a child that kills its process every time
+        runs out of attempts instead of looping.
+        """
+        with self._tx() as conn:
+            rows = conn.execute(
+                text(
+                    "UPDATE dtask_children c SET state = 'pending', owner = NULL,"
+                    " lease_expires_at = NULL, updated_at = now()"
+                    " FROM dtask_runs r WHERE c.id IN ("
+                    "   SELECT id FROM dtask_children WHERE state = 'running'"
+                    "   AND lease_expires_at < now() ORDER BY lease_expires_at LIMIT :limit"
+                    "   FOR UPDATE SKIP LOCKED)"
+                    " AND r.id = c.run_id AND r.group_id IS NOT NULL"
+                    " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+                ),
+                {"limit": limit},
+            ).all()
+        return [_redispatch(r) for r in rows]
+
+    def stalled_runs(self, stall: float) -> list[tuple[int, str | None]]:
+        """(run id, queue) of running runs with pending children where no child has changed
+        for ``stall`` seconds: their messages may be lost (broker restarted, or prefetched
+        by a worker that died). Heartbeats do not count as change."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT r.id, r.queue FROM dtask_runs r WHERE r.state = 'running'"
+                    " AND r.group_id IS NOT NULL"
+                    " AND r.updated_at < now() - make_interval(secs => :stall)"
+                    " AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
+                    "   AND c.state = 'pending')"
+                    " AND NOT EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
+                    "   AND c.updated_at > now() - make_interval(secs => :stall))"
+                    " ORDER BY r.id LIMIT 100"
+                ),
+                {"stall": stall},
+            ).all()
+        return [(int(r.id), r.queue) for r in rows]
+
+    def pending_children(self, run_id: int, limit: int = 10_000) -> list[Redispatch]:
+        """The run's pending children, to re-send; marks the run touched so this is rate-limited
+        to once per stall period."""
+        with self._tx() as conn:
+            conn.execute(
+                text("UPDATE dtask_runs SET updated_at = now() WHERE id = :id"), {"id": run_id}
+            )
+            rows = conn.execute(
+                text(
+                    "SELECT c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
+                    " WHERE c.run_id = :id AND c.state = 'pending' ORDER BY c.index LIMIT :limit"
+                ),
+                {"id": run_id, "limit": limit},
+            ).all()
+        return [_redispatch(r) for r in rows]
+
+    def stuck_runs(self, stall: float) -> list[tuple[int, RunState]]:
+        """Runs left in pending/splitting for ``stall`` seconds with no master working on them
+        (its advisory lock is free): the submitter or the master's worker died, or the master
+        message is lost."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id, state FROM dtask_runs WHERE state IN ('pending', 'splitting')"
+                    " AND updated_at < now() - make_interval(secs => :stall) ORDER BY id LIMIT 100"
+                ),
+                {"stall": stall},
+            ).all()
+        return [(int(r.id), RunState(r.state)) for r in rows]
+
+    def unfinalized_runs(self, settled_for: float) -> list[int]:
+        """Running runs whose children all finished over ``settled_for`` seconds ago: their
+        chord callback never ran (lost with its worker, or Redis lost the chord's counts)."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT r.id FROM dtask_runs r WHERE r.state = 'running'"
+                    " AND NOT EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
+                    "   AND c.state IN ('pending', 'running'))"
+                    " AND (SELECT max(finished_at) FROM dtask_children c WHERE c.run_id = r.id)"
+                    "   < now() - make_interval(secs => :settled)"
+                    " ORDER BY r.id LIMIT 100"
+                ),
+                {"settled": settled_for},
+            ).all()
+        return [int(r.id) for r in rows]
 
     def ping(self) -> None:
         with self._tx() as conn:
@@ -475,4 +614,15 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         created_at=row.created_at,
         finished_at=row.finished_at,
         error=row.error,
+    )
+
+
+def _redispatch(row: Row[Any]) -> Redispatch:
+    return Redispatch(
+        run_id=int(row.run_id),
+        index=int(row._mapping["index"]),
+        spec=row.spec,
+        template=row.template,
+        group_id=row.group_id,
+        queue=row.queue,
     )

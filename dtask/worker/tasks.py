@@ -1,7 +1,7 @@
 """The thin Celery tasks. Each is idempotent: any message may arrive twice.
 
 master   pending -> splitting (children inserted once) -> running (chord sent)
-child    claim under a lease with a fence, run from the checkpoint, finish under the fence
+child    claim under a lease with a fence, heartbeat, run from the checkpoint, finish
 finalize (the chord callback, also its errback) marks the master from PostgreSQL's counts
 """
 
@@ -10,19 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from celery import Task
 from celery.exceptions import Ignore
 
 from dtask import services
 from dtask.context import ChildContext
-from dtask.db import Claim, Refusal, RunRecord, Store
-from dtask.exceptions import ChildFailed, DtaskError, LeaseLost
-from dtask.runs import ChildState, ClaimRefusal
+from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
+from dtask.exceptions import ChildFailed, DatabaseUnavailable, DtaskError, LeaseLost
+from dtask.runs import ChildState, ClaimRefusal, RunState
 from dtask.templates import registry
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
+from dtask.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("dtask.worker")
 
@@ -30,26 +33,30 @@ MASTER = "dtask.master"
 CHILD = "dtask.child"
 FINALIZE = "dtask.finalize"
 
-
-def _store() -> Store:
-    return services.store()
+T = TypeVar("T")
 
 
 def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-@app.task(name=MASTER, bind=True, acks_late=True, ignore_result=True)
-def master(self: Task, run_id: int) -> None:
-    store = _store()
+def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
+    """Split and dispatch ``run_id`` if that has not happened yet (the master task's body,
+    also called by the reaper for stuck runs)."""
     max_children = services.current().settings.max_children
 
     def plan(run: RunRecord) -> list[dict[str, Any]]:
         return registry.get(run.template).plan(run.variables, max_children)
 
-    state = store.split_run(run_id, plan)
-    if state.value == "splitting":
-        state = store.dispatch_run(run_id, send_chord)
+    state = store.split_run(run_id, plan, wait=wait)
+    if state is RunState.SPLITTING:
+        state = store.dispatch_run(run_id, send_chord, wait=wait)
+    return state
+
+
+@app.task(name=MASTER, bind=True, acks_late=True, ignore_result=True)
+def master(self: Task, run_id: int) -> None:
+    state = run_master(services.store(), run_id)
     log.info("run %s is %s", run_id, state.value)
 
 
@@ -60,21 +67,34 @@ def send_chord(run: RunRecord, group_id: str, children: list[tuple[int, dict[str
     child later with the same identity, so the chord still completes exactly once.
     """
     assert run.child_total is not None
-    callback = chord_callback(run.id, group_id)
     app.backend.set_chord_size(group_id, run.child_total)
-    queue = run.queue or DEFAULT_QUEUE
+    publish(
+        Redispatch(run.id, index, spec, run.template, group_id, run.queue)
+        for index, spec in children
+    )
+
+
+def publish(children: Iterable[Redispatch]) -> int:
+    """Send child messages over one producer connection; returns how many."""
+    sent = 0
+    callbacks: dict[str, Any] = {}
     with app.producer_or_acquire() as producer:
-        for index, spec in children:
+        for c in children:
+            callback = callbacks.get(c.group_id)
+            if callback is None:
+                callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
             child.apply_async(
-                args=(run.id, index, run.template, spec),
-                task_id=child_task_id(group_id, index),
-                group_id=group_id,
-                group_index=index,
+                args=(c.run_id, c.index, c.template, c.spec),
+                task_id=child_task_id(c.group_id, c.index),
+                group_id=c.group_id,
+                group_index=c.index,
                 chord=callback,
-                queue=queue,
+                queue=c.queue or DEFAULT_QUEUE,
                 producer=producer,
                 add_to_parent=False,
             )
+            sent += 1
+    return sent
 
 
 def chord_callback(run_id: int, group_id: str) -> Any:
@@ -87,50 +107,83 @@ def child_task_id(group_id: str, index: int) -> str:
     return f"{group_id}.{index}"
 
 
+def _patiently(call: Callable[[], T], patience: float) -> T:
+    """Retry a write while PostgreSQL is unreachable (a restart), for up to ``patience`` s."""
+    deadline = time.monotonic() + patience
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except DatabaseUnavailable:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 @app.task(name=CHILD, bind=True, acks_late=True, max_retries=None)
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
-    store = _store()
     config = services.current().settings
-    taken = store.claim_child(run_id, index, owner_name(), config.lease_ttl)
-    if isinstance(taken, Refusal):
-        _refused(self, run_id, index, taken)
-        return None
-    claim = taken
     try:
-        tpl = registry.get(template)
-        ctx = ChildContext(
-            run_id=run_id,
-            index=index,
-            attempt=claim.attempt,
-            checkpoint_state=claim.checkpoint,
-            writer=lambda state: store.checkpoint(claim, state, config.lease_ttl),
-            checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
-            checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
-        )
-        tpl.function(ctx, **claim.spec)
-        store.finish_child(claim, ctx.unsaved_checkpoint)
+        store = services.store()
+        taken = store.claim_child(run_id, index, owner_name(), config.lease_ttl)
+        if isinstance(taken, Refusal):
+            _refused(run_id, index, taken)
+            return None
+        _run_claimed(self, store, taken, run_id, index, template)
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
-    except Exception as exc:
-        _attempt_failed(self, store, claim, run_id, index, exc, config.retry_delay)
+    except DatabaseUnavailable as exc:
+        # Nothing can be recorded now. Try again later: the lease runs out and the next
+        # claim resumes from the last committed checkpoint. Not counted by the chord.
+        log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
+        raise self.retry(countdown=config.lease_ttl, max_retries=None) from None
     return None
 
 
-def _refused(task: Task, run_id: int, index: int, refusal: Refusal) -> None:
+def _run_claimed(
+    task: Task, store: Store, claim: Claim, run_id: int, index: int, template: str
+) -> None:
+    config = services.current().settings
+    beat = Heartbeat(
+        lambda: store.renew_lease(claim, config.lease_ttl),
+        config.heartbeat_interval,
+        name=f"{run_id}.{index}",
+    )
+    try:
+        with beat:
+            tpl = registry.get(template)
+            ctx = ChildContext(
+                run_id=run_id,
+                index=index,
+                attempt=claim.attempt,
+                checkpoint_state=claim.checkpoint,
+                writer=lambda state: _patiently(
+                    lambda: store.checkpoint(claim, state, config.lease_ttl), config.lease_ttl
+                ),
+                checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
+                checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
+                lease_lost=beat.lost.is_set,
+            )
+            tpl.function(ctx, **claim.spec)
+            if beat.lost.is_set():
+                raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
+            _patiently(lambda: store.finish_child(claim, ctx.unsaved_checkpoint), config.lease_ttl)
+    except (LeaseLost, DatabaseUnavailable):
+        raise
+    except Exception as exc:
+        _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay)
+
+
+def _refused(run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.DONE:
         return  # same id, state and result as the first report: the chord counts it once
     if refusal.reason is ClaimRefusal.FAILED:
         raise ChildFailed(refusal.error or "failed")
-    if refusal.reason is ClaimRefusal.BUSY:
-        # A duplicate message (e.g. requeued after its pool process died): look again when the
-        # current lease runs out. A live owner renews it; a dead one's child is taken over.
-        log.info(
-            "run %s child %s is leased elsewhere; checking again in %.1f s",
-            run_id, index, refusal.lease_left,
-        )  # fmt: skip
-        raise task.retry(countdown=refusal.lease_left + 0.5, max_retries=None)
+    # BUSY: a duplicate while another owner holds the lease (the reaper re-sends the child
+    # if that owner dies); GONE: the run was deleted.
     log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
     raise Ignore()
 
@@ -139,11 +192,7 @@ def _attempt_failed(
     task: Task, store: Store, claim: Claim, run_id: int, index: int, exc: Exception, delay: float
 ) -> None:
     error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
-    try:
-        state = store.fail_attempt(claim, error)
-    except LeaseLost as lost:
-        log.warning("run %s child %s: %s", run_id, index, lost)
-        raise Ignore() from None
+    state = store.fail_attempt(claim, error)
     if state is ChildState.FAILED:
         log.error("run %s child %s failed for good: %s", run_id, index, error)
         raise ChildFailed(store.child_error(run_id, index) or error) from exc
@@ -156,5 +205,5 @@ def _attempt_failed(
 
 @app.task(name=FINALIZE, acks_late=True, ignore_result=True)
 def finalize(run_id: int) -> None:
-    state = _store().finalize_run(run_id)
+    state = services.store().finalize_run(run_id)
     log.info("run %s finalized: %s", run_id, state.value)

@@ -10,12 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 import dtask
 from dtask import services
 from dtask.worker import configure
 from tests.conftest import DTASK, REPO, WorkerProcess, printed_numbers
+from tests.support.db import children
 
 pytestmark = pytest.mark.acceptance
 
@@ -28,17 +28,6 @@ def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Com
 
 def sink_lines(sink: Path, run_id: int, index: int) -> list[str]:
     return (sink / f"{run_id}-{index}.txt").read_text().splitlines()
-
-
-def children(run_id: int) -> list[tuple[int, str, int]]:
-    with services.store().engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT index, state, attempt FROM dtask_children WHERE run_id = :r ORDER BY index"
-            ),
-            {"r": run_id},
-        )
-        return [(r.index, r.state, r.attempt) for r in rows]
 
 
 def test_print_range_100k_on_two_workers_prints_every_number_once(

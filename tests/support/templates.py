@@ -84,3 +84,32 @@ def slow_range(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
             time.sleep(delay)
             out.write(f"{i}\n")
             out.flush()
+
+
+@dtask.template(
+    "slow_split",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=lambda r: __import__("time").sleep(2) or dtask.RangeSplit("start", "end", chunk=10)(r),
+)
+def slow_split(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """Its master spends 2 s splitting (inside its first transaction)."""
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            out.write(f"{i}\n")
+
+
+@dtask.template(
+    "poison",
+    params={"n": int, "bad": int},
+    skeleton={"start": 1, "end": "${n}", "bad": "${bad}"},
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("bad",)),
+)
+def poison(ctx: dtask.ChildContext, a: int, b: int, bad: int) -> None:
+    """The child holding ``bad`` kills its own process on every attempt."""
+    import signal
+
+    with _sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt}\n")
+    if a <= bad <= b:
+        os.kill(os.getpid(), signal.SIGKILL)

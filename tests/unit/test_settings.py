@@ -16,9 +16,16 @@ def test_defaults_use_embedded_services() -> None:
     assert s.lease_ttl <= 10
 
 
-def test_result_backend_defaults_to_a_redis_broker() -> None:
+def test_result_backend_defaults_to_a_redis_broker_else_the_embedded_redis() -> None:
     s = load({"DTASK_BROKER_URL": "redis://h:6379/1"})
     assert s.result_backend == "redis://h:6379/1"
+    amqp = load({"DTASK_BROKER_URL": "amqp://guest:guest@h//"})
+    assert amqp.embedded_result_backend and not amqp.embedded_broker
+
+
+def test_heartbeat_defaults_to_a_quarter_of_the_lease() -> None:
+    s = load({"DTASK_LEASE_TTL": "6"})
+    assert s.heartbeat_interval == 1.5
 
 
 @pytest.mark.parametrize(
@@ -26,7 +33,7 @@ def test_result_backend_defaults_to_a_redis_broker() -> None:
     [
         ({"DTASK_MAX_CHILDREN": "lots"}, "not a number"),
         ({"DTASK_MAX_CHILDREN": "0"}, ">= 1"),
-        ({"DTASK_BROKER_URL": "amqp://guest:guest@h//"}, "DTASK_RESULT_BACKEND must name"),
+        ({"DTASK_LEASE_TTL": "4", "DTASK_HEARTBEAT_INTERVAL": "2"}, "under half"),
         ({"DTASK_RESULT_BACKEND": "db+sqlite:///x"}, "must be a redis"),
     ],
 )

@@ -1,0 +1,276 @@
+"""Fault tolerance with real processes: kill, stop and restart things mid-run.
+
+Each test runs on a fresh pair of `dtask worker` processes with short leases, against the
+embedded Redis as broker and, when RabbitMQ answers on 127.0.0.1:5672, against it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from sqlalchemy import Connection, text
+
+import dtask
+from dtask import embedded, services
+from dtask.db.store import _LOCK_NAMESPACE
+from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.support.db import child_row, children, owner_pid, wait_for
+
+pytestmark = pytest.mark.acceptance
+
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+FAST = {
+    "DTASK_LEASE_TTL": "3",
+    "DTASK_HEARTBEAT_INTERVAL": "0.5",
+    "DTASK_REAPER_INTERVAL": "0.5",
+    "DTASK_STALL_TIMEOUT": "3",
+    "DTASK_RETRY_DELAY": "0.2",
+}
+
+
+def rabbitmq_reachable() -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", 5672), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def purge_rabbitmq_queue() -> None:
+    from kombu import Connection
+
+    with Connection(AMQP) as conn:
+        channel = conn.channel()
+        channel.queue_declare("dtask", durable=True, auto_delete=False)
+        channel.queue_purge("dtask")
+
+
+@pytest.fixture(scope="module", params=["redis", "rabbitmq"])
+def broker_env(request: pytest.FixtureRequest, dtask_env: dict[str, str]) -> dict[str, str]:
+    if request.param == "rabbitmq":
+        if not rabbitmq_reachable():
+            pytest.skip("no RabbitMQ at 127.0.0.1:5672")
+        purge_rabbitmq_queue()
+        return {**dtask_env, **FAST, "DTASK_BROKER_URL": AMQP}
+    return {**dtask_env, **FAST}
+
+
+@dataclass
+class Cluster:
+    env: dict[str, str]
+    workers: list[WorkerProcess]
+    sink: Path
+
+    @property
+    def home(self) -> Path:
+        return Path(self.env["DTASK_HOME"])
+
+    def submit(self, template: str, **variables: object) -> int:
+        args = [a for name, value in variables.items() for a in ("-v", f"{name}={value}")]
+        result = subprocess.run(
+            [DTASK, "submit", template, *args, "--json"],
+            env=self.env, cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return int(json.loads(result.stdout)["id"])
+
+    def worker_of(self, pid: int) -> WorkerProcess:
+        group = os.getpgid(pid)
+        return next(w for w in self.workers if w.proc.pid == group)
+
+    def kill_worker(self, worker: WorkerProcess) -> None:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(10)
+
+    def output(self) -> str:
+        return "\n".join(w.output() for w in self.workers)
+
+    def sink_numbers(self, run_id: int, index: int) -> list[int]:
+        path = self.sink / f"{run_id}-{index}.txt"
+        return [int(x) for x in path.read_text().split() if x.isdigit()]
+
+
+@pytest.fixture
+def cluster(broker_env: dict[str, str], sink: Path, tmp_path: Path) -> Iterator[Cluster]:
+    workers = [WorkerProcess(broker_env, tmp_path / f"w{i}.log", "-c", "2") for i in range(2)]
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield Cluster(broker_env, workers, sink)
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGCONT)
+            w.stop()
+
+
+def running_with_checkpoint(run_id: int, index: int, done: int) -> int | None:
+    row = child_row(run_id, index)
+    progressed = isinstance(row.checkpoint, dict) and row.checkpoint["done"] >= done
+    return owner_pid(row.owner) if row.state == "running" and row.owner and progressed else None
+
+
+def assert_resumed(cluster: Cluster, run_id: int, index: int, lo: int, hi: int) -> None:
+    seen = cluster.sink_numbers(run_id, index)
+    assert set(seen) == set(range(lo, hi + 1))
+    assert len(seen) - len(set(seen)) <= 5  # at most one checkpoint interval re-done
+
+
+def test_1_sigkill_a_whole_worker_mid_child(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=60, delay=0.1)
+    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "child 0 to checkpoint")
+    victim = cluster.worker_of(pid)
+    cluster.kill_worker(victim)
+    status = dtask.get_run(run_id).wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    assert child_row(run_id, 0).attempt == 2
+    assert_resumed(cluster, run_id, 0, 1, 20)
+
+
+def test_2_sigkill_only_the_pool_process_running_a_child(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=40, delay=0.1)
+    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 30, "child 0 to checkpoint")
+    os.kill(pid, signal.SIGKILL)
+    status = dtask.get_run(run_id).wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    assert child_row(run_id, 0).attempt == 2
+    assert_resumed(cluster, run_id, 0, 1, 20)
+    assert all(w.proc.poll() is None for w in cluster.workers), "the workers themselves survive"
+
+
+def _run_lock_sessions(run_id: int, granted: bool) -> list[int]:
+    """Pids (from application_name) of dtask sessions holding/awaiting this run's lock."""
+    with services.store().engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a"
+                " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted = :granted"
+                " AND l.classid = :ns AND l.objid = :run AND a.application_name LIKE 'dtask:%'"
+            ),
+            {"ns": _LOCK_NAMESPACE, "run": run_id, "granted": granted},
+        ).all()
+    return [int(r.application_name.split(":")[1]) for r in rows]
+
+
+def _advisory_waiters(run_id: int) -> list[int]:
+    return _run_lock_sessions(run_id, granted=False)
+
+
+def _hold_run_lock(run_id: int) -> Connection:
+    conn = services.store().engine.connect()
+    conn.execute(text("SELECT pg_advisory_lock(:ns, :run)"), {"ns": _LOCK_NAMESPACE, "run": run_id})
+    return conn
+
+
+def _release_run_lock(conn: Connection, run_id: int) -> None:
+    conn.execute(
+        text("SELECT pg_advisory_unlock(:ns, :run)"), {"ns": _LOCK_NAMESPACE, "run": run_id}
+    )
+    conn.close()
+
+
+def test_3_master_killed_after_inserting_children_before_sending_the_chord(
+    cluster: Cluster,
+) -> None:
+    run_id = cluster.submit("slow_split", n=50)
+    # The master splits for 2 s inside its first transaction, holding the run's lock. We queue
+    # for the lock behind it, so we hold it the moment the children are committed and the
+    # master blocks before sending the chord.
+    wait_for(lambda: _run_lock_sessions(run_id, granted=True), 20, "the master to split")
+    held = _hold_run_lock(run_id)
+    try:
+        assert services.store().run(run_id).state.value == "splitting"
+        assert dtask.get_run(run_id).status().children.total == 5
+        waiters = wait_for(lambda: _advisory_waiters(run_id), 20, "the master to block")
+        cluster.kill_worker(cluster.worker_of(waiters[0]))
+    finally:
+        _release_run_lock(held, run_id)
+    status = dtask.get_run(run_id).wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    assert children(run_id) == [(i, "succeeded", 1) for i in range(5)]
+    for index in range(5):
+        assert cluster.sink_numbers(run_id, index) == list(range(index * 10 + 1, index * 10 + 11))
+
+
+def test_4_the_chord_callback_is_lost_with_its_worker(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=40, delay=0.02)
+    wait_for(lambda: services.store().run(run_id).state.value == "running", 20, "dispatch")
+    held = _hold_run_lock(run_id)
+    try:
+        wait_for(lambda: dtask.get_run(run_id).status().children.succeeded == 2, 30, "children")
+        main_pids = {w.proc.pid for w in cluster.workers}
+        # the callback (in a pool process) blocks on the lock we hold: kill its whole worker
+        waiter = wait_for(
+            lambda: [p for p in _advisory_waiters(run_id) if p not in main_pids], 20, "finalize"
+        )[0]
+        cluster.kill_worker(cluster.worker_of(waiter))
+    finally:
+        _release_run_lock(held, run_id)
+    status = dtask.get_run(run_id).wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+
+
+def test_5_redis_restarted_with_its_data_gone_mid_run(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=200, delay=0.05)
+    wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
+    embedded.restart_redis(cluster.home)
+    status = dtask.get_run(run_id).wait(timeout=90)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    for index in range(10):
+        assert set(cluster.sink_numbers(run_id, index)) == set(
+            range(index * 20 + 1, index * 20 + 21)
+        )
+
+
+def test_6_postgresql_restarted_mid_run(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=120, delay=0.05)
+    wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
+    embedded.restart_postgres(cluster.home)
+    status = dtask.get_run(run_id).wait(timeout=90)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    for index in range(6):
+        seen = cluster.sink_numbers(run_id, index)
+        assert set(seen) == set(range(index * 20 + 1, index * 20 + 21))
+
+
+def test_7_a_stopped_worker_wakes_up_to_find_its_child_taken_over(cluster: Cluster) -> None:
+    run_id = cluster.submit("slow_range", n=20, delay=0.2)
+    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "child 0 to checkpoint")
+    stale = cluster.worker_of(pid)
+    os.killpg(stale.proc.pid, signal.SIGSTOP)
+    try:
+        status = dtask.get_run(run_id).wait(timeout=60)
+    finally:
+        os.killpg(stale.proc.pid, signal.SIGCONT)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    wait_for(lambda: "was taken over" in stale.output(), 20, "the stale owner to notice")
+    time.sleep(1)
+    after = dtask.get_run(run_id).status()
+    assert after.state is dtask.RunState.SUCCEEDED and after.finished_at == status.finished_at
+    assert children(run_id) == [(0, "succeeded", 2)]
+    assert stale.proc.poll() is None  # it carries on with other work
+
+
+def test_8_a_child_that_always_kills_its_process_fails_after_max_attempts(
+    cluster: Cluster,
+) -> None:
+    run_id = cluster.submit("poison", n=30, bad=15)
+    status = dtask.get_run(run_id).wait(timeout=120)
+    assert status.state is dtask.RunState.FAILED
+    assert status.children.succeeded == 2 and status.children.failed == 1
+    assert status.error is not None and "gave up after 3 attempt(s)" in status.error
+    assert "died while running it" in status.error
+    attempts = (cluster.sink / f"{run_id}-1.txt").read_text().splitlines()
+    assert attempts == ["attempt 1", "attempt 2", "attempt 3"]
+    assert all(w.proc.poll() is None for w in cluster.workers)
+    assert all(psutil.Process(w.proc.pid).status() != psutil.STATUS_ZOMBIE for w in cluster.workers)
