@@ -31,7 +31,7 @@ test: lint typecheck
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.failover
 
 clean:
 	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache

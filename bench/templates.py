@@ -1,0 +1,26 @@
+"""Templates the benchmarks load into their workers (DTASK_TEMPLATES=bench.templates)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import dtask
+
+
+@dtask.template(
+    "bench_slow",
+    params={"items": int, "delay": float},
+    skeleton={"start": 1, "end": "${items}", "delay": "${delay}"},
+    split=dtask.RangeSplit("start", "end", chunk=10**9, carry=("delay",)),
+    max_attempts=20,
+)
+def bench_slow(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
+    """One child printing a..b slowly into a file, checkpointing on the default schedule."""
+    sink = Path(os.environ["DTASK_BENCH_SINK"]) / f"{ctx.run_id}.txt"
+    with sink.open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            time.sleep(delay)
+            out.write(f"{i}\n")
+            out.flush()
