@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
     status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
 
+    for name, text in (
+        ("cancel", "cancel a run: pending children never start, running ones stop at a checkpoint"),
+        ("rerun", "run a failed or cancelled run's unfinished and failed children again"),
+    ):
+        op = sub.add_parser(name, help=text)
+        op.add_argument("run_id", type=int)
+        op.add_argument("--json", action="store_true")
+
     runs = sub.add_parser("runs", help="list recent runs")
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--limit", type=int, default=50)
@@ -128,6 +136,20 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return _outcome(status) if args.watch else EXIT_OK
 
 
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from dtask.client import get_run
+
+    _print_status(get_run(args.run_id).cancel(), args.json)
+    return EXIT_OK
+
+
+def _cmd_rerun(args: argparse.Namespace) -> int:
+    from dtask.client import get_run
+
+    _print_status(get_run(args.run_id).rerun(), args.json)
+    return EXIT_OK
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from dtask import services
 
@@ -211,6 +233,8 @@ def _cmd_worker(extra: Sequence[str]) -> int:
 COMMANDS = {
     "submit": _cmd_submit,
     "status": _cmd_status,
+    "cancel": _cmd_cancel,
+    "rerun": _cmd_rerun,
     "runs": _cmd_runs,
     "templates": _cmd_templates,
     "migrate": _cmd_migrate,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dtask import services
-from dtask.exceptions import BrokerUnavailable, WaitTimeout
+from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
 from dtask.runs import RunState, RunStatus
 from dtask.settings import mask
 from dtask.templates import registry
@@ -26,6 +26,25 @@ class Run:
 
     def status(self) -> RunStatus:
         return services.store().status(self.id)
+
+    def cancel(self) -> RunStatus:
+        """Cancel: pending children never start; running ones stop at their next checkpoint.
+        Idempotent; a run that already succeeded or failed raises NotCancellable."""
+        state = services.store().cancel_run(self.id)
+        if state is not RunState.CANCELLED:
+            raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
+        return self.status()
+
+    def rerun(self) -> RunStatus:
+        """Run a failed or cancelled run's unfinished and failed children again, each from its
+        checkpoint. Idempotent while the rerun is going; a succeeded run raises NothingToRerun."""
+        store = services.store()
+        state = store.rerun(self.id)
+        if state is RunState.SUCCEEDED:
+            raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
+        if state in (RunState.PENDING, RunState.SPLITTING):
+            _send_master(self.id)
+        return self.status()
 
     def wait(
         self,
@@ -64,9 +83,8 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
     from dtask.worker import configure
-    from dtask.worker.tasks import master
 
-    app = configure()
+    configure()
     config = services.current().settings
     tpl = registry.get(template)
     checked = tpl.validate(variables)
@@ -81,17 +99,28 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
     )
     if created or store.run(run_id).state is RunState.PENDING:
         try:
-            master.apply_async(
-                args=(run_id,), task_id=f"dtask-master-{run_id}", retry=True, ignore_result=True
-            )
-        except Exception as exc:
+            _send_master(run_id)
+        except BrokerUnavailable as exc:
             if created:
                 store.forget_unsent_run(run_id)
-            raise BrokerUnavailable(
-                f"cannot reach the broker at {mask(app.conf.broker_url)}: {exc}"
-                " (is it running? set DTASK_BROKER_URL); no run was created"
-            ) from None
+                raise BrokerUnavailable(f"{exc}; no run was created") from None
+            raise
     return Run(run_id, created=created)
+
+
+def _send_master(run_id: int) -> None:
+    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide)."""
+    from dtask.worker import configure
+    from dtask.worker.tasks import master
+
+    app = configure()
+    try:
+        master.apply_async(args=(run_id,), retry=True, ignore_result=True)
+    except Exception as exc:
+        raise BrokerUnavailable(
+            f"cannot reach the broker at {mask(app.conf.broker_url)}: {exc}"
+            " (is it running? set DTASK_BROKER_URL)"
+        ) from None
 
 
 def get_run(run_id: int) -> Run:

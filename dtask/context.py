@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
-from dtask.exceptions import LeaseLost
+from dtask.exceptions import ChildStopped, LeaseLost
 
 T = TypeVar("T")
 
@@ -54,10 +54,13 @@ class ChildContext:
         return self._state
 
     def checkpoint(self, state: Any) -> None:
-        """Commit ``state`` (JSON). Raises LeaseLost if another worker has taken this child."""
+        """Commit ``state`` (JSON). Raises LeaseLost if another worker has taken this child,
+        and ChildStopped (after committing) if the child is asked to stop."""
         self._writer(state)
         self._state = state
         self._unsaved = None
+        if self._stop_requested():
+            raise ChildStopped(f"run {self.run_id} child {self.index} stopped at a checkpoint")
 
     @property
     def unsaved_checkpoint(self) -> Any:
@@ -91,6 +94,8 @@ class ChildContext:
         for item in remaining:
             if self._lease_lost():
                 raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
+            if self._stop_requested():
+                self.checkpoint({"done": done})  # commits, then raises ChildStopped
             yield item
             done += 1
             since_write += 1

@@ -62,6 +62,18 @@ class WaitTimeout(DtaskError):
     exit_code = 3
 
 
+class ChildStopped(DtaskError):
+    """The child was asked to stop (its run was cancelled) and has committed its checkpoint."""
+
+
+class NothingToRerun(DtaskError):
+    """The run succeeded: there is nothing to run again."""
+
+
+class NotCancellable(DtaskError):
+    """The run has already finished."""
+
+
 class LeaseLost(DtaskError):
     """This worker no longer owns the child: another owner took it over (fence moved)."""
 

@@ -39,8 +39,9 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     RunState.SPLITTING: frozenset({RunState.RUNNING, RunState.FAILED, RunState.CANCELLED}),
     RunState.RUNNING: frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED}),
     RunState.SUCCEEDED: frozenset(),
-    RunState.FAILED: frozenset(),
-    RunState.CANCELLED: frozenset(),
+    # rerun: back to pending (never split) or splitting (dispatch the unfinished children)
+    RunState.FAILED: frozenset({RunState.PENDING, RunState.SPLITTING}),
+    RunState.CANCELLED: frozenset({RunState.PENDING, RunState.SPLITTING}),
 }
 
 CHILD_TRANSITIONS: dict[ChildState, frozenset[ChildState]] = {
@@ -133,14 +134,17 @@ class ClaimRefusal(StrEnum):
     DONE = "done"  # already succeeded: report success again, counted once by the chord
     FAILED = "failed"  # already failed for good: report the same failure again
     BUSY = "busy"  # another owner holds a live lease: this message is a duplicate
+    INACTIVE = "inactive"  # the run is not running (cancelled): leave the child pending
     EXHAUSTED = "exhausted"  # no attempts left: fail it now
 
 
 def refuse_claim(
-    state: ChildState | None, attempt: int, max_attempts: int, leased: bool
+    state: ChildState | None, attempt: int, max_attempts: int, leased: bool, run_active: bool = True
 ) -> ClaimRefusal:
     if state is None:
         return ClaimRefusal.GONE
+    if not run_active and not state.finished:
+        return ClaimRefusal.INACTIVE
     if state is ChildState.SUCCEEDED:
         return ClaimRefusal.DONE
     if state is ChildState.FAILED:

@@ -54,6 +54,7 @@ class RunRow(Base):
     queue: Mapped[str | None] = mapped_column(String(200))
     child_total: Mapped[int | None] = mapped_column(Integer)
     group_id: Mapped[str | None] = mapped_column(String(100))
+    chord_size: Mapped[int | None] = mapped_column(Integer)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -46,6 +46,7 @@ class RunRecord:
     queue: str | None
     child_total: int | None
     group_id: str | None
+    chord_size: int | None
     dispatches: int
 
 
@@ -164,7 +165,7 @@ class Store:
         row = conn.execute(
             text(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
-                " child_total, group_id, dispatches FROM dtask_runs WHERE id = :id"
+                " child_total, group_id, chord_size, dispatches FROM dtask_runs WHERE id = :id"
             ),
             {"id": run_id},
         ).first()
@@ -180,6 +181,7 @@ class Store:
             queue=row.queue,
             child_total=row.child_total,
             group_id=row.group_id,
+            chord_size=row.chord_size,
             dispatches=row.dispatches,
         )
 
@@ -209,7 +211,10 @@ class Store:
             conn.execute(
                 text(
                     "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
-                    " started_at = now(), updated_at = now() WHERE id = :id AND state = 'pending'"
+                    " chord_size = :total, dispatches = dispatches + 1,"
+                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    " WHERE id = :id AND state = 'pending'"
                 ),
                 {"id": run_id, "total": len(specs)},
             )
@@ -233,13 +238,14 @@ class Store:
     def dispatch_run(
         self,
         run_id: int,
-        send: Callable[[RunRecord, str, list[tuple[int, dict[str, Any]]]], None],
+        send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None],
         wait: bool = True,
     ) -> RunState:
         """splitting -> running: ``send`` the chord of unfinished children, under the run's lock.
 
-        A master that died between split and send left the run in ``splitting``; the next
-        master message sends again with the same group id, so the chord still completes once.
+        The chord's group id and size were fixed when the group was created (split or rerun).
+        A master that died mid-send left the run in ``splitting``; the next master message
+        sends again with the same group, so the chord still completes once.
         """
         with self._tx() as conn:
             if not self._lock_run(conn, run_id, wait):
@@ -247,7 +253,6 @@ class Store:
             run = self._run(conn, run_id)
             if run.state is not RunState.SPLITTING:
                 return run.state
-            group_id = run.group_id or f"dtask-{run_id}-{run.dispatches + 1}"
             children = [
                 (int(index), spec)
                 for index, spec in conn.execute(
@@ -258,16 +263,59 @@ class Store:
                     {"id": run_id},
                 )
             ]
-            send(run, group_id, children)
+            send(run, children)
             conn.execute(
                 text(
-                    "UPDATE dtask_runs SET state = 'running', group_id = :group,"
-                    " dispatches = dispatches + CASE WHEN group_id IS NULL THEN 1 ELSE 0 END,"
-                    " updated_at = now() WHERE id = :id AND state = 'splitting'"
+                    "UPDATE dtask_runs SET state = 'running', updated_at = now()"
+                    " WHERE id = :id AND state = 'splitting'"
                 ),
-                {"id": run_id, "group": group_id},
+                {"id": run_id},
             )
             return RunState.RUNNING
+
+    def cancel_run(self, run_id: int) -> RunState:
+        """pending|splitting|running -> cancelled. Pending children never start; running ones
+        stop at their next checkpoint and go back to pending (a rerun resumes them)."""
+        with self._tx() as conn:
+            self._lock_run(conn, run_id)
+            run = self._run(conn, run_id)
+            if run.state.finished:
+                return run.state
+            self._set_run_state(conn, run_id, RunState.CANCELLED, error="cancelled")
+            return RunState.CANCELLED
+
+    def rerun(self, run_id: int) -> RunState:
+        """failed|cancelled -> pending (never split) or splitting (a new chord of the children
+        that did not succeed, failed ones with fresh attempts, each from its checkpoint).
+        Other states are returned unchanged: a rerun is idempotent."""
+        with self._tx() as conn:
+            self._lock_run(conn, run_id)
+            run = self._run(conn, run_id)
+            if run.state not in (RunState.FAILED, RunState.CANCELLED):
+                return run.state
+            if run.child_total is None:
+                self._set_run_state(conn, run_id, RunState.PENDING)
+                return RunState.PENDING
+            conn.execute(
+                text(
+                    "UPDATE dtask_children SET state = 'pending', attempt = 0, error = NULL,"
+                    " finished_at = NULL, updated_at = now()"
+                    " WHERE run_id = :id AND state = 'failed'"
+                ),
+                {"id": run_id},
+            )
+            conn.execute(
+                text(
+                    "UPDATE dtask_runs SET state = 'splitting', error = NULL, finished_at = NULL,"
+                    " dispatches = dispatches + 1,"
+                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+                    " chord_size = (SELECT count(*) FROM dtask_children"
+                    "   WHERE run_id = :id AND state <> 'succeeded'),"
+                    " updated_at = now() WHERE id = :id"
+                ),
+                {"id": run_id},
+            )
+            return RunState.SPLITTING
 
     def finalize_run(self, run_id: int) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op."""
@@ -359,6 +407,8 @@ class Store:
                     " started_at = coalesce(started_at, now()), updated_at = now()"
                     " WHERE run_id = :run AND index = :index AND attempt < max_attempts"
                     " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
+                    "   AND r.state IN ('splitting', 'running'))"
                     " RETURNING id, fence, attempt, max_attempts, spec, checkpoint"
                 ),
                 {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
@@ -374,17 +424,23 @@ class Store:
                 )
             current = conn.execute(
                 text(
-                    "SELECT id, state, attempt, max_attempts, error,"
-                    " coalesce(lease_expires_at > now(), false) AS leased,"
-                    " greatest(extract(epoch FROM lease_expires_at - now()), 0) AS lease_left"
-                    " FROM dtask_children WHERE run_id = :run AND index = :index"
+                    "SELECT c.id, c.state, c.attempt, c.max_attempts, c.error,"
+                    " coalesce(c.lease_expires_at > now(), false) AS leased,"
+                    " greatest(extract(epoch FROM c.lease_expires_at - now()), 0) AS lease_left,"
+                    " r.state IN ('splitting', 'running') AS run_active"
+                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
+                    " WHERE c.run_id = :run AND c.index = :index"
                 ),
                 {"run": run_id, "index": index},
             ).first()
             if current is None:
                 return Refusal(ClaimRefusal.GONE)
             reason = refuse_claim(
-                ChildState(current.state), current.attempt, current.max_attempts, current.leased
+                ChildState(current.state),
+                current.attempt,
+                current.max_attempts,
+                current.leased,
+                current.run_active,
             )
             if reason is not ClaimRefusal.EXHAUSTED:
                 return Refusal(reason, current.error, float(current.lease_left or 0))
@@ -461,18 +517,40 @@ class Store:
             raise LeaseLost(_lease_lost(claim))
         return ChildState(row.state)
 
-    def renew_lease(self, claim: Claim, lease_ttl: float) -> bool:
-        """Heartbeat: extend our lease. False when the fence has moved (we lost the child)."""
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
+        """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
+        None when the fence has moved (we lost the child)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                text(
+                    "UPDATE dtask_children c"
+                    " SET lease_expires_at = now() + make_interval(secs => :ttl)"
+                    " FROM dtask_runs r WHERE c.id = :id AND c.fence = :fence"
+                    " AND c.state = 'running' AND r.id = c.run_id RETURNING r.state"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
+            ).first()
+            return None if row is None else RunState(row.state)
+
+    def release_child(self, claim: Claim, checkpoint: Any | None) -> None:
+        """Hand the child back (stopped at a checkpoint): pending again, this attempt not
+        counted, resumable from ``checkpoint``."""
         with self._tx() as conn:
             result = conn.execute(
                 text(
-                    "UPDATE dtask_children"
-                    " SET lease_expires_at = now() + make_interval(secs => :ttl)"
+                    "UPDATE dtask_children SET state = 'pending', attempt = attempt - 1,"
+                    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+                    " lease_expires_at = NULL, updated_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                 ),
-                {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
+                {
+                    "id": claim.child_id,
+                    "fence": claim.fence,
+                    "cp": None if checkpoint is None else json.dumps(checkpoint),
+                },
             )
-            return result.rowcount == 1
+            if result.rowcount != 1:
+                raise LeaseLost(_lease_lost(claim))
 
     def child_error(self, run_id: int, index: int) -> str | None:
         with self._tx() as conn:
@@ -509,7 +587,7 @@ class Store:
                     "   SELECT id FROM dtask_children WHERE state = 'running'"
                     "   AND lease_expires_at < now() ORDER BY lease_expires_at LIMIT :limit"
                     "   FOR UPDATE SKIP LOCKED)"
-                    " AND r.id = c.run_id AND r.group_id IS NOT NULL"
+                    " AND r.id = c.run_id AND r.state = 'running'"
                     " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
                 ),
                 {"limit": limit},
@@ -524,7 +602,6 @@ class Store:
             rows = conn.execute(
                 text(
                     "SELECT r.id, r.queue FROM dtask_runs r WHERE r.state = 'running'"
-                    " AND r.group_id IS NOT NULL"
                     " AND r.updated_at < now() - make_interval(secs => :stall)"
                     " AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
                     "   AND c.state = 'pending')"

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from dtask.exceptions import DtaskError
+from dtask.runs import RunState
 
 log = logging.getLogger("dtask.worker")
 
@@ -15,16 +16,19 @@ log = logging.getLogger("dtask.worker")
 class Heartbeat:
     """Renews a child's lease every ``interval`` seconds while the block runs.
 
-    ``lost`` is set when a renewal is refused (the fence moved: another worker took the child
-    over); the child's context then stops it at its next step. A database that cannot be
-    reached is retried at the next beat: if it stays away past the lease, fencing still holds.
+    ``renew`` returns the run's state, or None when the renewal is refused (the fence moved:
+    another worker took the child over); then ``lost`` is set and the child's context stops it
+    at its next step. ``stop_requested`` is set when the run is no longer running (cancelled).
+    A database that cannot be reached is retried at the next beat: if it stays away past the
+    lease, fencing still holds.
     """
 
-    def __init__(self, renew: Callable[[], bool], interval: float, name: str) -> None:
+    def __init__(self, renew: Callable[[], RunState | None], interval: float, name: str) -> None:
         self._renew = renew
         self._interval = interval
         self._stop = threading.Event()
         self.lost = threading.Event()
+        self.stop_requested = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat {name}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
@@ -43,8 +47,12 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                if not self._renew():
-                    self.lost.set()
-                    return
+                state = self._renew()
             except DtaskError as exc:
                 log.warning("heartbeat failed, retrying: %s", exc)
+                continue
+            if state is None:
+                self.lost.set()
+                return
+            if state is not RunState.RUNNING and state is not RunState.SPLITTING:
+                self.stop_requested.set()

@@ -20,7 +20,13 @@ from celery.exceptions import Ignore
 from dtask import services
 from dtask.context import ChildContext
 from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
-from dtask.exceptions import ChildFailed, DatabaseUnavailable, DtaskError, LeaseLost
+from dtask.exceptions import (
+    ChildFailed,
+    ChildStopped,
+    DatabaseUnavailable,
+    DtaskError,
+    LeaseLost,
+)
 from dtask.runs import ChildState, ClaimRefusal, RunState
 from dtask.templates import registry
 from dtask.worker.app import app
@@ -60,16 +66,16 @@ def master(self: Task, run_id: int) -> None:
     log.info("run %s is %s", run_id, state.value)
 
 
-def send_chord(run: RunRecord, group_id: str, children: list[tuple[int, dict[str, Any]]]) -> None:
+def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
     """Publish the children as the header of a Celery chord whose callback is ``finalize``.
 
     Deterministic task ids (``<group>.<index>``) and the chord options let anyone re-send a
     child later with the same identity, so the chord still completes exactly once.
     """
-    assert run.child_total is not None
-    app.backend.set_chord_size(group_id, run.child_total)
+    assert run.group_id is not None and run.chord_size is not None
+    app.backend.set_chord_size(run.group_id, run.chord_size)
     publish(
-        Redispatch(run.id, index, spec, run.template, group_id, run.queue)
+        Redispatch(run.id, index, spec, run.template, run.group_id, run.queue)
         for index, spec in children
     )
 
@@ -90,6 +96,8 @@ def publish(children: Iterable[Redispatch]) -> int:
                 group_index=c.index,
                 chord=callback,
                 queue=c.queue or DEFAULT_QUEUE,
+                argsrepr=f"{c.template} run {c.run_id} child {c.index}",
+                kwargsrepr=repr(c.spec),
                 producer=producer,
                 add_to_parent=False,
             )
@@ -166,6 +174,7 @@ def _run_claimed(
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
                 lease_lost=beat.lost.is_set,
+                stop_requested=beat.stop_requested.is_set,
             )
             tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
@@ -173,6 +182,10 @@ def _run_claimed(
             _patiently(lambda: store.finish_child(claim, ctx.unsaved_checkpoint), config.lease_ttl)
     except (LeaseLost, DatabaseUnavailable):
         raise
+    except ChildStopped:
+        _patiently(lambda: store.release_child(claim, None), config.lease_ttl)
+        log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
+        raise Ignore() from None
     except Exception as exc:
         _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay)
 
@@ -183,7 +196,7 @@ def _refused(run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.FAILED:
         raise ChildFailed(refusal.error or "failed")
     # BUSY: a duplicate while another owner holds the lease (the reaper re-sends the child
-    # if that owner dies); GONE: the run was deleted.
+    # if that owner dies); INACTIVE: the run was cancelled; GONE: the run was deleted.
     log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
     raise Ignore()
 

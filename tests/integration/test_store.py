@@ -86,16 +86,16 @@ def test_dispatch_sends_once_and_resends_after_a_crash(store: Store) -> None:
     run_id = new_run(store, children=3)
     sent: list[tuple[str, list[int]]] = []
 
-    def crash(run: RunRecord, group: str, children: list[tuple[int, dict[str, Any]]]) -> None:
-        sent.append((group, [i for i, _ in children]))
+    def crash(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
+        sent.append((str(run.group_id), [i for i, _ in children]))
         raise RuntimeError("master died mid-send")
 
     with pytest.raises(RuntimeError):
         store.dispatch_run(run_id, crash)
     assert store.run(run_id).state is RunState.SPLITTING
 
-    def send(run: RunRecord, group: str, children: list[tuple[int, dict[str, Any]]]) -> None:
-        sent.append((group, [i for i, _ in children]))
+    def send(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
+        sent.append((str(run.group_id), [i for i, _ in children]))
 
     assert store.dispatch_run(run_id, send) is RunState.RUNNING
     assert store.dispatch_run(run_id, send) is RunState.RUNNING  # redelivered: no-op
@@ -173,7 +173,7 @@ def test_a_child_whose_process_keeps_dying_is_failed_when_attempts_run_out(store
 
 def test_finalize_waits_for_all_children_and_is_idempotent(store: Store) -> None:
     run_id = new_run(store, children=2)
-    store.dispatch_run(run_id, lambda run, group, children: None)
+    store.dispatch_run(run_id, lambda run, children: None)
     store.finish_child(claim(store, run_id, 0), None)
     assert store.finalize_run(run_id) is RunState.RUNNING
     c = claim(store, run_id, 1)

@@ -113,3 +113,23 @@ def poison(ctx: dtask.ChildContext, a: int, b: int, bad: int) -> None:
         out.write(f"attempt {ctx.attempt}\n")
     if a <= bad <= b:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dtask.template(
+    "blocked_range",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=20),
+    max_attempts=2,
+    checkpoint_every=5,
+    checkpoint_interval=3600,
+)
+def blocked_range(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """Child 0 fails at its 15th item while DTASK_TEST_SINK/block-<run> exists."""
+    block = Path(os.environ["DTASK_TEST_SINK"]) / f"block-{ctx.run_id}"
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            if i == 15 and block.exists():
+                raise RuntimeError("blocked")
+            out.write(f"{i}\n")
+            out.flush()

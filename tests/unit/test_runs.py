@@ -28,6 +28,7 @@ from dtask.runs import (
         (RunState.PENDING, RunState.RUNNING, False),
         (RunState.SUCCEEDED, RunState.FAILED, False),
         (RunState.FAILED, RunState.RUNNING, False),
+        (RunState.CANCELLED, RunState.SPLITTING, True),
         (RunState.RUNNING, RunState.PENDING, False),
     ],
 )
@@ -35,10 +36,13 @@ def test_run_transitions(current: RunState, target: RunState, allowed: bool) -> 
     assert can_move(current, target) is allowed
 
 
-def test_finished_states_are_final() -> None:
-    for state in RunState:
-        if state.finished:
-            assert not any(can_move(state, t) for t in RunState)
+def test_only_a_rerun_leaves_a_finished_state() -> None:
+    assert not any(can_move(RunState.SUCCEEDED, t) for t in RunState)
+    for state in (RunState.FAILED, RunState.CANCELLED):
+        assert {t for t in RunState if can_move(state, t)} == {
+            RunState.PENDING,
+            RunState.SPLITTING,
+        }
     for child_state in ChildState:
         if child_state.finished:
             assert not any(can_move_child(child_state, t) for t in ChildState)
@@ -79,6 +83,11 @@ def test_refuse_claim(
     state: ChildState | None, attempt: int, leased: bool, expected: ClaimRefusal
 ) -> None:
     assert refuse_claim(state, attempt, 3, leased) is expected
+
+
+def test_children_of_a_cancelled_run_stay_put_but_finished_ones_report_again() -> None:
+    assert refuse_claim(ChildState.PENDING, 0, 3, False, run_active=False) is ClaimRefusal.INACTIVE
+    assert refuse_claim(ChildState.SUCCEEDED, 1, 3, False, run_active=False) is ClaimRefusal.DONE
 
 
 def test_status_json_has_the_documented_shape() -> None:
