@@ -54,6 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     templates = sub.add_parser("templates", help="list the registered templates")
     templates.add_argument("--json", action="store_true")
 
+    up = sub.add_parser("up", help="run a local stack: services, workers, beat and Flower")
+    up.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    up.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
+    up.add_argument("--no-flower", action="store_true")
+    up.add_argument("--no-beat", action="store_true")
+    up.add_argument("--flower-port", type=int, default=5555)
+
+    flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
+    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--address", default="127.0.0.1")
+
+    sub.add_parser("beat", help="run Celery beat with dtask's settings")
     sub.add_parser("migrate", help="bring the database schema up to date")
     sub.add_parser("down", help="stop the embedded PostgreSQL and Redis")
     sub.add_parser(
@@ -212,6 +224,68 @@ def _cmd_down(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from dtask.stack import Stack
+
+    stack = Stack(
+        workers=args.workers,
+        concurrency=args.concurrency,
+        flower=not args.no_flower,
+        beat=not args.no_beat,
+        flower_port=args.flower_port,
+    )
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        stack.start()
+        stack.wait_ready()
+        print("dtask is up:")
+        for line in stack.describe():
+            print(f"  {line}")
+        print("Ctrl-C stops everything.", flush=True)
+        reported: set[str] = set()
+        while not stopping.wait(1):
+            for child in stack.unexpected_exits():
+                if child.name not in reported:
+                    reported.add(child.name)
+                    print(
+                        f"dtask up: {child.name} exited ({child.proc.returncode}); see {child.log}"
+                    )
+    finally:
+        print("dtask up: stopping...", flush=True)
+        stack.stop()
+        print("dtask up: stopped", flush=True)
+    return EXIT_OK
+
+
+def _cmd_flower(args: argparse.Namespace) -> int:
+    from dtask.stack import flower_auth
+    from dtask.worker import configure
+
+    auth = flower_auth(args.address)
+    app = configure()
+    if auth:
+        os.environ["FLOWER_BASIC_AUTH"] = auth  # not on the command line, where ps shows it
+    else:  # flower_auth allows no password on loopback only
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
+    return EXIT_OK
+
+
+def _cmd_beat(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.worker import configure
+
+    app = configure()
+    schedule = services.current().settings.home / "beat-schedule"
+    app.start(["beat", f"--schedule={schedule}", "--loglevel=INFO"])
+    return EXIT_OK
+
+
 def worker_argv(extra: Sequence[str]) -> list[str]:
     argv = ["worker", *extra]
     if not any(a in ("-n", "--hostname") or a.startswith("--hostname=") for a in extra):
@@ -238,6 +312,9 @@ COMMANDS = {
     "runs": _cmd_runs,
     "templates": _cmd_templates,
     "migrate": _cmd_migrate,
+    "up": _cmd_up,
+    "flower": _cmd_flower,
+    "beat": _cmd_beat,
     "down": _cmd_down,
 }
 

@@ -96,13 +96,17 @@ def publish(children: Iterable[Redispatch]) -> int:
                 group_index=c.index,
                 chord=callback,
                 queue=c.queue or DEFAULT_QUEUE,
-                argsrepr=f"{c.template} run {c.run_id} child {c.index}",
-                kwargsrepr=repr(c.spec),
+                **readable(c.template, c.run_id, c.index, c.spec),
                 producer=producer,
                 add_to_parent=False,
             )
             sent += 1
     return sent
+
+
+def readable(template: str, run_id: int, index: int, spec: dict[str, Any]) -> dict[str, str]:
+    """How a child shows in Flower and the logs: "print_range run 5 child 3", its spec."""
+    return {"argsrepr": f"{template} run {run_id} child {index}", "kwargsrepr": repr(spec)}
 
 
 def chord_callback(run_id: int, group_id: str) -> Any:
@@ -139,7 +143,9 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         if isinstance(taken, Refusal):
             _refused(run_id, index, taken)
             return None
-        _run_claimed(self, store, taken, run_id, index, template)
+        _run_claimed(
+            self, store, taken, run_id, index, template, readable(template, run_id, index, spec)
+        )
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
@@ -152,7 +158,13 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
 
 
 def _run_claimed(
-    task: Task, store: Store, claim: Claim, run_id: int, index: int, template: str
+    task: Task,
+    store: Store,
+    claim: Claim,
+    run_id: int,
+    index: int,
+    template: str,
+    reprs: dict[str, str],
 ) -> None:
     config = services.current().settings
     beat = Heartbeat(
@@ -187,7 +199,7 @@ def _run_claimed(
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
-        _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay)
+        _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay, reprs)
 
 
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:
@@ -202,7 +214,14 @@ def _refused(run_id: int, index: int, refusal: Refusal) -> None:
 
 
 def _attempt_failed(
-    task: Task, store: Store, claim: Claim, run_id: int, index: int, exc: Exception, delay: float
+    task: Task,
+    store: Store,
+    claim: Claim,
+    run_id: int,
+    index: int,
+    exc: Exception,
+    delay: float,
+    reprs: dict[str, str],
 ) -> None:
     error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
     state = store.fail_attempt(claim, error)
@@ -213,7 +232,7 @@ def _attempt_failed(
         "run %s child %s attempt %s/%s failed, retrying from its checkpoint: %s",
         run_id, index, claim.attempt, claim.max_attempts, error,
     )  # fmt: skip
-    raise task.retry(countdown=delay, max_retries=None, exc=exc)
+    raise task.retry(countdown=delay, max_retries=None, exc=exc, **reprs)
 
 
 @app.task(name=FINALIZE, acks_late=True, ignore_result=True)

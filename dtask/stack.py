@@ -1,0 +1,189 @@
+"""A local stack: the services, N workers, beat and Flower as child processes, stopped together.
+
+Used by `dtask up` and `make demo`. Every child runs in its own session so a terminal's Ctrl-C
+reaches only us; we then stop them in order (SIGTERM, then SIGKILL after a grace period) and
+the embedded PostgreSQL and Redis last, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtask import embedded, services
+from dtask.exceptions import ConfigurationError, DtaskError
+from dtask.settings import Settings, mask
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def dtask_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dtask.cli", *args]
+
+
+def flower_auth(address: str) -> str | None:
+    """DTASK_FLOWER_AUTH (user:password); required when Flower listens beyond loopback."""
+    auth = os.environ.get("DTASK_FLOWER_AUTH") or None
+    if auth is not None and ":" not in auth:
+        raise ConfigurationError("DTASK_FLOWER_AUTH must be user:password")
+    if auth is None and address not in LOOPBACK:
+        raise ConfigurationError(
+            f"Flower would listen on {address} without a password: set DTASK_FLOWER_AUTH=user:pw"
+        )
+    return auth
+
+
+def free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise DtaskError("no free TCP port for Flower")
+
+
+@dataclass
+class Stack:
+    workers: int = 2
+    concurrency: int = 1
+    flower: bool = True
+    beat: bool = True
+    flower_port: int = 5555
+    flower_address: str = "127.0.0.1"
+    children: list[Child] = field(default_factory=list)
+    settings: Settings | None = None
+
+    @property
+    def logs(self) -> Path:
+        assert self.settings is not None
+        return self.settings.home / "logs"
+
+    @property
+    def flower_url(self) -> str:
+        host = "127.0.0.1" if self.flower_address in ("0.0.0.0", "::") else self.flower_address
+        return f"http://{host}:{self.flower_port}/"
+
+    def start(self) -> None:
+        resolved = services.current()
+        self.settings = resolved.settings
+        services.store()  # migrated before anything runs
+        if self.flower:
+            flower_auth(self.flower_address)
+            self.flower_port = free_port(self.flower_port)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for i in range(1, self.workers + 1):
+            self.start_worker(i)
+        if self.beat:
+            self._spawn("beat", dtask_command("beat"))
+        if self.flower:
+            self._spawn(
+                "flower",
+                dtask_command(
+                    "flower", "--port", str(self.flower_port), "--address", self.flower_address
+                ),
+            )
+
+    def start_worker(self, number: int) -> Child:
+        return self._spawn(
+            f"worker-{number}",
+            dtask_command(
+                "worker", "-c", str(self.concurrency), "--hostname", f"worker-{number}@%h",
+                "--without-mingle", "--without-gossip",
+            ),
+        )  # fmt: skip
+
+    def _spawn(self, name: str, command: list[str]) -> Child:
+        log = self.logs / f"{name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        child = Child(name, proc, log)
+        self.children.append(child)
+        return child
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            while not self._ready(child):
+                if child.proc.poll() is not None:
+                    tail = "; ".join(child.output().strip().splitlines()[-3:])
+                    raise DtaskError(f"{child.name} exited at start: {tail} (see {child.log})")
+                if time.monotonic() > deadline:
+                    raise DtaskError(
+                        f"{child.name} not ready after {timeout:g} s (see {child.log})"
+                    )
+                time.sleep(0.1)
+
+    def _ready(self, child: Child) -> bool:
+        if child.name.startswith("worker"):
+            return " ready." in child.output()
+        if child.name == "flower":
+            try:
+                urllib.request.urlopen(self.flower_url + "healthcheck", timeout=1).close()
+            except urllib.error.HTTPError:
+                return True  # answering (with auth required) is ready
+            except OSError:
+                return False
+            return True
+        return True
+
+    def describe(self) -> list[str]:
+        assert self.settings is not None
+        resolved = services.current()
+        lines = [
+            f"database  {mask(resolved.database_url)}",
+            f"broker    {mask(resolved.broker_url)}",
+            f"workers   {self.workers} x {self.concurrency} process(es)"
+            + ("" if not self.beat else ", beat"),
+            f"logs      {self.logs}",
+        ]
+        if self.flower:
+            auth = " (user/password from DTASK_FLOWER_AUTH)" if flower_auth("127.0.0.1") else ""
+            lines.insert(0, f"flower    {self.flower_url}{auth}")
+        return lines
+
+    def kill(self, child: Child, sig: signal.Signals = signal.SIGKILL) -> None:
+        os.killpg(child.proc.pid, sig)
+        child.proc.wait(20)
+
+    def unexpected_exits(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def stop(self, grace: float = 20) -> None:
+        for child in self.children:
+            if child.proc.poll() is None:
+                os.killpg(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            try:
+                child.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(10)
+            try:  # pool processes left by a worker killed with SIGKILL
+                os.killpg(child.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.settings is not None and self.settings.embedded_database:
+            embedded.stop(self.settings.home)

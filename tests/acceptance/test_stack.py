@@ -1,0 +1,139 @@
+"""The local stack: Flower's API with basic auth, and `dtask up` leaving nothing behind."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import dtask
+from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.support.db import wait_for
+
+pytestmark = pytest.mark.acceptance
+
+AUTH = "admin:s3cret-pw"
+
+
+def get(url: str, auth: str | None = AUTH) -> Any:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def flower(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
+    from dtask.stack import free_port
+
+    port = free_port(5599)
+    log = (tmp_path / "flower.log").open("wb")
+    proc = subprocess.Popen(
+        [DTASK, "flower", "--port", str(port)],
+        env={**dtask_env, "DTASK_FLOWER_AUTH": AUTH}, cwd=REPO, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def answering() -> bool:
+        try:
+            get(url + "/api/workers", auth=AUTH)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    try:
+        wait_for(answering, 30, "Flower to answer")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+        log.close()
+        assert AUTH.split(":")[1] not in (tmp_path / "flower.log").read_text()
+
+
+def test_flower_lists_workers_and_child_tasks_behind_basic_auth(
+    flower: str, workers: list[WorkerProcess]
+) -> None:
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get(flower + "/api/workers", auth=None)
+    assert refused.value.code == 401
+
+    ok = dtask.submit("print_range", {"n": 3000})
+    bad = dtask.submit("always_fails", {"n": 20, "bad": 5})
+    ok.wait(timeout=60)
+    bad.wait(timeout=60)
+
+    names = wait_for(lambda: list(get(flower + "/api/workers?refresh=1")), 30, "workers in Flower")
+    assert len([n for n in names if n.startswith("dtask-")]) >= 2
+
+    wanted = (f"print_range run {ok.id} child 0", f"always_fails run {bad.id} child 0")
+
+    def child_tasks() -> dict[str, dict[str, Any]]:
+        tasks = get(flower + "/api/tasks?limit=1000").values()
+        finished = {
+            t["args"]: t
+            for t in tasks
+            if t["name"] == "dtask.child" and t["state"] in ("SUCCESS", "FAILURE")
+        }
+        return finished if all(w in finished for w in wanted) else {}
+
+    by_args = wait_for(child_tasks, 30, "the child tasks in Flower")
+    assert by_args[f"print_range run {ok.id} child 0"]["state"] == "SUCCESS"
+    assert by_args[f"print_range run {ok.id} child 0"]["kwargs"] == "{'a': 1, 'b': 1000}"
+    failed = by_args[f"always_fails run {bad.id} child 0"]
+    assert failed["state"] == "FAILURE"
+    assert "item 5 is poison" in failed["exception"]
+
+
+def dtask_processes(home: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            env = proc.environ() if str(home) not in cmdline else {}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if str(home) in cmdline or env.get("DTASK_HOME") == str(home):
+            found.append(f"{proc.info['pid']} {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_dtask_up_then_ctrl_c_leaves_no_process_behind(
+    tmp_path: Path, dtask_env: dict[str, str], sig: signal.Signals
+) -> None:
+    home = tmp_path / "home"
+    env = {**dtask_env, "DTASK_HOME": str(home)}
+    out = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(
+        [DTASK, "up", "--workers", "2", "--flower-port", "5598"],
+        env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        log = tmp_path / "up.log"
+        wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), 90, "dtask up")
+        text = log.read_text()
+        assert "flower    http://127.0.0.1:" in text and "database  postgresql" in text
+        assert len(dtask_processes(home)) >= 5  # 2 workers (+pools), beat, flower, pg, redis
+        up.send_signal(sig)
+        assert up.wait(60) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+        out.close()
+    time.sleep(0.5)
+    assert dtask_processes(home) == []
+    assert "dtask up: stopped" in (tmp_path / "up.log").read_text()
