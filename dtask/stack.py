@@ -7,6 +7,7 @@ the embedded PostgreSQL and Redis last, leaving no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -181,9 +182,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait(10)
-            try:  # pool processes left by a worker killed with SIGKILL
+            with contextlib.suppress(ProcessLookupError):  # pool processes of a killed worker
                 os.killpg(child.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if self.settings is not None and self.settings.embedded_database:
             embedded.stop(self.settings.home)
