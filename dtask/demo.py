@@ -1,7 +1,9 @@
-"""`make demo`: the sample job end to end on the embedded services, then everything stopped.
+"""`make demo`: the sample job end to end on the embedded services, a worker killed mid-run.
 
-Starts the embedded PostgreSQL and Redis, two `dtask worker` processes, submits print_range,
-shows progress, prints a summary and some of what the children printed.
+Starts the embedded PostgreSQL and Redis, two workers and Flower; submits print_range; shows
+progress; SIGKILLs the worker running a child about a third of the way in; shows that child
+resuming from its checkpoint on the other worker; checks every number was printed; prints a
+summary; stops everything.
 """
 
 from __future__ import annotations
@@ -9,108 +11,175 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from dtask import embedded, services
+from sqlalchemy import text
+
+from dtask import services
 from dtask.exceptions import DtaskError
 from dtask.progress import Progress
+from dtask.runs import RunState, RunStatus
+from dtask.stack import Child, Stack
 
-WORKERS = 2
-
-
-def _start_worker(index: int, logs: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    log = logs / f"worker-{index}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dtask.cli", "worker", "-c", "1", "--without-mingle",
-             "--without-gossip", "--hostname", f"demo-{index}@%h"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-    return proc, log
+CHUNK = 1000  # print_range's children each print this many numbers
+_PRINTED = re.compile(rb"\] (\d+)\n")
 
 
-def _wait_ready(logs: list[Path], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(" ready." in log.read_text(errors="replace") for log in logs):
+def say(line: str) -> None:
+    print(f"demo: {line}", flush=True)
+
+
+def running_child(run_id: int) -> tuple[int, int, int] | None:
+    """(index, owner pid, items done) of a running child with progress, if any."""
+    with services.store().engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT index AS child, owner, checkpoint FROM dtask_children WHERE run_id = :r"
+                " AND state = 'running' AND checkpoint IS NOT NULL ORDER BY index LIMIT 1"
+            ),
+            {"r": run_id},
+        ).first()
+    if row is None or row.owner is None:
+        return None
+    return int(row.child), int(row.owner.rsplit(":", 1)[1]), int(row.checkpoint["done"])
+
+
+def child_attempt(run_id: int, index: int) -> tuple[str, int, str | None]:
+    with services.store().engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT state, attempt, owner FROM dtask_children WHERE run_id = :r AND index = :i"
+            ),
+            {"r": run_id, "i": index},
+        ).one()
+    return str(row.state), int(row.attempt), row.owner
+
+
+class Chaos:
+    """Kills the worker running a child once the run is ``at`` done, then reports the resume."""
+
+    def __init__(self, stack: Stack, at: float) -> None:
+        self.stack = stack
+        self.at = at
+        self.victim: tuple[int, int, float] | None = None  # child index, items done, kill time
+        self.resumed = False
+
+    def __call__(self, status: RunStatus) -> None:
+        c = status.children
+        if self.victim is None and c.total and c.finished >= self.at * c.total:
+            self._kill(status.id)
+        elif self.victim is not None and not self.resumed:
+            index, done, killed_at = self.victim
+            state, attempt, owner = child_attempt(status.id, index)
+            if attempt > 1 or state == "succeeded":
+                self.resumed = True
+                where = f" on process {owner}" if owner else ""
+                say(
+                    f"child {index} resumed{where} {time.monotonic() - killed_at:.1f} s after the"
+                    f" kill, from its checkpoint at {done}/{CHUNK} numbers"
+                )
+                workers = [c for c in self.stack.children if c.name.startswith("worker")]
+                joined = self.stack.start_worker(len(workers) + 1)
+                say(f"{joined.name} joins to replace the killed worker")
+
+    def _kill(self, run_id: int) -> None:
+        found = running_child(run_id)
+        if found is None:
             return
-        time.sleep(0.2)
-    raise DtaskError(f"workers did not start within {timeout:g} s; see {logs[0].parent}")
+        index, pid, done = found
+        worker = next(
+            (c for c in self.stack.children if c.name.startswith("worker") and _owns(c, pid)), None
+        )
+        if worker is None:
+            return
+        self.stack.kill(worker)
+        self.victim = (index, done, time.monotonic())
+        say(f"SIGKILL {worker.name} while it ran child {index} ({done}/{CHUNK} checkpointed)")
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+def _owns(child: Child, pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == child.proc.pid
+    except ProcessLookupError:
+        return False
 
 
-def _show_sample(logs: list[Path]) -> None:
-    printed = re.compile(r"\] (\d+)$")
+def printed_numbers(logs: list[Path]) -> tuple[int, int]:
+    """(distinct numbers, total lines) the children printed into the worker logs."""
+    seen: set[int] = set()
+    total = 0
     for log in logs:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if printed.search(ln)]
-        if lines:
-            print(
-                f"  {log.name}: {len(lines):,} numbers printed, e.g. {lines[0].split('] ')[-1]}.."
-            )
+        for match in _PRINTED.finditer(log.read_bytes()):
+            seen.add(int(match.group(1)))
+            total += 1
+    return len(seen), total
+
+
+def both(*callbacks: Callable[[RunStatus], None]) -> Callable[[RunStatus], None]:
+    def call(status: RunStatus) -> None:
+        for callback in callbacks:
+            callback(status)
+
+    return call
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
     parser.add_argument("-n", type=int, default=2_000_000, help="print 1..n (default 2,000,000)")
-    parser.add_argument("--keep", action="store_true", help="leave PostgreSQL and Redis running")
+    parser.add_argument("--no-kill", action="store_true", help="do not kill a worker mid-run")
     args = parser.parse_args(argv)
 
-    procs: list[subprocess.Popen[bytes]] = []
-    config = None
+    # A child prints its 1,000 numbers in milliseconds: checkpoint every 100 so that the
+    # killed child has a checkpoint to resume from (the workers inherit this).
+    os.environ.setdefault("DTASK_CHECKPOINT_EVERY", "100")
+    stack = Stack(workers=2, concurrency=1, flower=True, beat=False)
     try:
-        resolved = services.current()
-        config = resolved.settings
-        services.store()
-        print(f"dtask demo: embedded PostgreSQL and Redis under {config.home}")
-        logs_dir = config.home / "logs"
-        logs_dir.mkdir(parents=True, exist_ok=True)
-        started = [_start_worker(i, logs_dir) for i in range(1, WORKERS + 1)]
-        procs = [p for p, _ in started]
-        logs = [log for _, log in started]
-        _wait_ready(logs)
-        print(f"dtask demo: {WORKERS} workers ready (logs in {logs_dir})")
+        say("starting embedded PostgreSQL and Redis, 2 workers and Flower...")
+        stack.start()
+        stack.wait_ready()
+        for line in stack.describe():
+            say(line)
 
         from dtask.client import submit
 
         began = time.monotonic()
         run = submit("print_range", {"n": args.n})
-        print(f"dtask demo: submitted run {run.id}: print_range n={args.n:,}")
-        status = run.wait(on_progress=Progress(sys.stdout))
+        say(f"submitted run {run.id}: print_range n={args.n:,} ({-(-args.n // CHUNK)} children)")
+        chaos = Chaos(stack, at=0.0 if args.no_kill else 0.35)
+        progress = Progress(sys.stdout, items_per_child=CHUNK, plain_every=3)
+        watch = progress if args.no_kill else both(progress, chaos)
+        status = run.wait(timeout=600, on_progress=watch)
         wall = time.monotonic() - began
+        time.sleep(0.5)  # the last log lines
+        distinct, lines = printed_numbers(
+            [c.log for c in stack.children if c.name.startswith("worker")]
+        )
         c = status.children
         print(f"run {status.id}: {status.state.value}")
-        print(f"  children  {c.succeeded} succeeded, {c.failed} failed of {c.total}")
-        print(f"  wall time {wall:.1f} s ({args.n / wall:,.0f} numbers/s)")
-        _show_sample(logs)
+        print(f"  children   {c.succeeded} succeeded, {c.failed} failed of {c.total}")
+        print(f"  wall time  {wall:.1f} s ({args.n / wall:,.0f} numbers/s)")
+        print(f"  printed    {distinct:,} distinct numbers of {args.n:,}", end="")
+        print(
+            f" ({lines - distinct:,} twice: work redone after the kill)" if lines > distinct else ""
+        )
+        if stack.flower:
+            print(f"  flower     {stack.flower_url} (stops with the demo; `dtask up` keeps one)")
         if status.error:
-            print(f"  error     {status.error}")
-        return 0 if status.state.value == "succeeded" else 1
+            print(f"  error      {status.error}")
+        ok = status.state is RunState.SUCCEEDED and distinct == args.n
+        return 0 if ok else 1
     except DtaskError as exc:
-        print(f"dtask demo: error: {exc}", file=sys.stderr)
+        print(f"demo: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("dtask demo: interrupted", file=sys.stderr)
+        print("demo: interrupted", file=sys.stderr)
         return 130
     finally:
-        _stop(procs)
-        if config is not None and not args.keep and config.embedded_database:
-            embedded.stop(config.home)
+        say("stopping workers, Flower, PostgreSQL and Redis")
+        stack.stop()
 
 
 if __name__ == "__main__":

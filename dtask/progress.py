@@ -11,7 +11,9 @@ from dtask.runs import RunStatus
 BAR_WIDTH = 30
 
 
-def describe(status: RunStatus, elapsed: float, rate: float | None) -> str:
+def describe(
+    status: RunStatus, elapsed: float, rate: float | None, items_per_child: int | None = None
+) -> str:
     c = status.children
     if c.total == 0:
         return f"run {status.id} {status.state.value}  {elapsed:5.1f} s"
@@ -24,6 +26,8 @@ def describe(status: RunStatus, elapsed: float, rate: float | None) -> str:
     if c.failed:
         parts.append(f"{c.failed} failed")
     parts.append(f"{elapsed:.1f} s")
+    if rate and items_per_child:
+        parts.append(f"{rate * items_per_child:,.0f} items/s")
     if rate and not status.finished and c.finished < c.total:
         parts.append(f"ETA {(c.total - c.finished) / rate:.0f} s")
     parts.append(status.state.value)
@@ -34,8 +38,14 @@ class Progress:
     """Call with each new status. On a TTY it redraws one line; otherwise it prints a line
     when something changed, at most every ``plain_every`` seconds (and always the last one)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, plain_every: float = 5.0) -> None:
+    def __init__(
+        self,
+        stream: TextIO = sys.stderr,
+        plain_every: float = 5.0,
+        items_per_child: int | None = None,
+    ) -> None:
         self.stream = stream
+        self.items_per_child = items_per_child
         self.tty = stream.isatty()
         self.plain_every = plain_every
         self.started = time.monotonic()
@@ -52,7 +62,8 @@ class Progress:
 
     def __call__(self, status: RunStatus) -> None:
         now = time.monotonic()
-        line = describe(status, now - self.started, self._rate(status.children.finished, now))
+        rate = self._rate(status.children.finished, now)
+        line = describe(status, now - self.started, rate, self.items_per_child)
         if self.tty:
             self.stream.write("\r\x1b[2K" + line + ("\n" if status.finished else ""))
             self.stream.flush()

@@ -28,6 +28,7 @@ from dtask.exceptions import (
     LeaseLost,
 )
 from dtask.runs import ChildState, ClaimRefusal, RunState
+from dtask.settings import is_redis
 from dtask.templates import registry
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
@@ -80,10 +81,24 @@ def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> No
     )
 
 
-def publish(children: Iterable[Redispatch]) -> int:
-    """Send child messages over one producer connection; returns how many."""
+# Redis pops priority 0 first (and unprioritised messages count as 0): first-time children
+# wait behind masters, callbacks and re-sent children, so a failover does not queue behind
+# a backlog. RabbitMQ needs x-max-priority queues for this; there messages stay FIFO.
+FIRST_SEND, RESEND = 6, 0
+
+
+def _priority(urgent: bool) -> dict[str, int]:
+    if not is_redis(str(app.conf.broker_url)):
+        return {}
+    return {"priority": RESEND if urgent else FIRST_SEND}
+
+
+def publish(children: Iterable[Redispatch], urgent: bool = False) -> int:
+    """Send child messages over one producer connection; returns how many. ``urgent`` ones
+    (re-sent after a failure) go ahead of first-time children."""
     sent = 0
     callbacks: dict[str, Any] = {}
+    priority = _priority(urgent)
     with app.producer_or_acquire() as producer:
         for c in children:
             callback = callbacks.get(c.group_id)
@@ -97,6 +112,7 @@ def publish(children: Iterable[Redispatch]) -> int:
                 chord=callback,
                 queue=c.queue or DEFAULT_QUEUE,
                 **readable(c.template, c.run_id, c.index, c.spec),
+                **priority,
                 producer=producer,
                 add_to_parent=False,
             )

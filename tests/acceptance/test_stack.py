@@ -137,3 +137,21 @@ def test_dtask_up_then_ctrl_c_leaves_no_process_behind(
     time.sleep(0.5)
     assert dtask_processes(home) == []
     assert "dtask up: stopped" in (tmp_path / "up.log").read_text()
+
+
+def test_the_demo_survives_its_sigkill_and_prints_plain_lines_without_a_tty(
+    tmp_path: Path, dtask_env: dict[str, str]
+) -> None:
+    env = {**dtask_env, "DTASK_HOME": str(tmp_path / "home")}
+    env.pop("DTASK_TEMPLATES")
+    result = subprocess.run(
+        [str(Path(DTASK).with_name("python")), "-m", "dtask.demo", "-n", "300000"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "run 1: succeeded" in out
+    assert "printed    300,000 distinct numbers of 300,000" in out
+    assert "demo: SIGKILL worker-" in out and "resumed" in out and "from its checkpoint" in out
+    assert "\r" not in out and "\x1b" not in out
+    assert dtask_processes(tmp_path / "home") == []
