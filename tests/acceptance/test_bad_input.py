@@ -21,7 +21,7 @@ def run_count() -> int:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["submit", "nope"], "unknown template 'nope' (known: always_fails, flaky_range"),
+        (["submit", "nope"], "unknown template 'nope' (known: always_fails, "),
         (["submit", "print_range"], "template 'print_range' needs 'n'"),
         (["submit", "print_range", "-v", "n=abc"], "variable 'n' must be int, got 'abc'"),
         (["submit", "print_range", "-v", "n=-5"], "the range start=1 .. end=-5 is empty"),
