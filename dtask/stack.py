@@ -142,7 +142,8 @@ class Stack:
         if child.name == "flower":
             try:
                 urllib.request.urlopen(self.flower_url + "healthcheck", timeout=1).close()
-            except urllib.error.HTTPError:
+            except urllib.error.HTTPError as exc:
+                exc.close()
                 return True  # answering (with auth required) is ready
             except OSError:
                 return False

@@ -458,43 +458,39 @@ class Store:
                 return Refusal(ClaimRefusal.FAILED, error)
             return Refusal(ClaimRefusal.BUSY)
 
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
-        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
+    def _fenced_update(self, claim: Claim, assignments: str, **params: Any) -> None:
+        """Write to a child we own: only while its fence is ours and it is running.
+        A stale owner matches no row and gets LeaseLost."""
         with self._tx() as conn:
             result = conn.execute(
                 text(
-                    "UPDATE dtask_children SET checkpoint = CAST(:cp AS jsonb),"
-                    " lease_expires_at = now() + make_interval(secs => :ttl), updated_at = now()"
+                    f"UPDATE dtask_children SET {assignments}, updated_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                 ),
-                {
-                    "id": claim.child_id,
-                    "fence": claim.fence,
-                    "cp": json.dumps(state),
-                    "ttl": lease_ttl,
-                },
+                {"id": claim.child_id, "fence": claim.fence, **params},
             )
             if result.rowcount != 1:
                 raise LeaseLost(_lease_lost(claim))
 
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
+        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
+        self._fenced_update(
+            claim,
+            "checkpoint = CAST(:cp AS jsonb),"
+            " lease_expires_at = now() + make_interval(secs => :ttl)",
+            cp=json.dumps(state),
+            ttl=lease_ttl,
+        )
+
     def finish_child(self, claim: Claim, final_checkpoint: Any | None) -> None:
         """running -> succeeded under our fence, or raise LeaseLost."""
-        with self._tx() as conn:
-            result = conn.execute(
-                text(
-                    "UPDATE dtask_children SET state = 'succeeded', finished_at = now(),"
-                    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-                    " lease_expires_at = NULL, error = NULL, updated_at = now()"
-                    " WHERE id = :id AND fence = :fence AND state = 'running'"
-                ),
-                {
-                    "id": claim.child_id,
-                    "fence": claim.fence,
-                    "cp": None if final_checkpoint is None else json.dumps(final_checkpoint),
-                },
-            )
-            if result.rowcount != 1:
-                raise LeaseLost(_lease_lost(claim))
+        self._fenced_update(
+            claim,
+            "state = 'succeeded', finished_at = now(),"
+            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+            " lease_expires_at = NULL, error = NULL",
+            cp=_json_or_none(final_checkpoint),
+        )
 
     def fail_attempt(self, claim: Claim, error: str) -> ChildState:
         """Record a failed attempt: back to pending for a retry, or failed when none are left."""
@@ -535,22 +531,13 @@ class Store:
     def release_child(self, claim: Claim, checkpoint: Any | None) -> None:
         """Hand the child back (stopped at a checkpoint): pending again, this attempt not
         counted, resumable from ``checkpoint``."""
-        with self._tx() as conn:
-            result = conn.execute(
-                text(
-                    "UPDATE dtask_children SET state = 'pending', attempt = attempt - 1,"
-                    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-                    " lease_expires_at = NULL, updated_at = now()"
-                    " WHERE id = :id AND fence = :fence AND state = 'running'"
-                ),
-                {
-                    "id": claim.child_id,
-                    "fence": claim.fence,
-                    "cp": None if checkpoint is None else json.dumps(checkpoint),
-                },
-            )
-            if result.rowcount != 1:
-                raise LeaseLost(_lease_lost(claim))
+        self._fenced_update(
+            claim,
+            "state = 'pending', attempt = attempt - 1,"
+            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+            " lease_expires_at = NULL",
+            cp=_json_or_none(checkpoint),
+        )
 
     def child_error(self, run_id: int, index: int) -> str | None:
         with self._tx() as conn:
@@ -664,6 +651,10 @@ class Store:
     def ping(self) -> None:
         with self._tx() as conn:
             conn.execute(text("SELECT 1"))
+
+
+def _json_or_none(value: Any | None) -> str | None:
+    return None if value is None else json.dumps(value)
 
 
 def _exhausted(attempts: int, last_error: str | None) -> str:

@@ -126,6 +126,14 @@ def assert_resumed(cluster: Cluster, run_id: int, index: int, lo: int, hi: int) 
     assert len(seen) - len(set(seen)) <= 5  # at most one checkpoint interval re-done
 
 
+def assert_succeeded_covering_every_item(cluster: Cluster, run_id: int, children: int) -> None:
+    status = dtask.get_run(run_id).wait(timeout=90)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    for index in range(children):  # slow_range children hold 20 items each
+        seen = set(cluster.sink_numbers(run_id, index))
+        assert seen == set(range(index * 20 + 1, index * 20 + 21)), index
+
+
 def test_1_sigkill_a_whole_worker_mid_child(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=60, delay=0.1)
     pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "child 0 to checkpoint")
@@ -224,23 +232,14 @@ def test_5_redis_restarted_with_its_data_gone_mid_run(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=200, delay=0.05)
     wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
     embedded.restart_redis(cluster.home)
-    status = dtask.get_run(run_id).wait(timeout=90)
-    assert status.state is dtask.RunState.SUCCEEDED, status.error
-    for index in range(10):
-        assert set(cluster.sink_numbers(run_id, index)) == set(
-            range(index * 20 + 1, index * 20 + 21)
-        )
+    assert_succeeded_covering_every_item(cluster, run_id, children=10)
 
 
 def test_6_postgresql_restarted_mid_run(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=120, delay=0.05)
     wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
     embedded.restart_postgres(cluster.home)
-    status = dtask.get_run(run_id).wait(timeout=90)
-    assert status.state is dtask.RunState.SUCCEEDED, status.error
-    for index in range(6):
-        seen = cluster.sink_numbers(run_id, index)
-        assert set(seen) == set(range(index * 20 + 1, index * 20 + 21))
+    assert_succeeded_covering_every_item(cluster, run_id, children=6)
 
 
 def test_7_a_stopped_worker_wakes_up_to_find_its_child_taken_over(cluster: Cluster) -> None:

@@ -30,8 +30,12 @@ def get(url: str, auth: str | None = AUTH) -> Any:
     request = urllib.request.Request(url)
     if auth:
         request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the connection open otherwise
+        raise
 
 
 @pytest.fixture
