@@ -66,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     flower.add_argument("--address", default="127.0.0.1")
 
     sub.add_parser("beat", help="run Celery beat with dtask's settings")
+    drain = sub.add_parser(
+        "drain", help="stop a worker gracefully: its running children are handed over at once"
+    )
+    drain.add_argument("worker", help="the worker's name, e.g. worker-1@host (see Flower)")
     sub.add_parser("migrate", help="bring the database schema up to date")
     sub.add_parser("down", help="stop the embedded PostgreSQL and Redis")
     sub.add_parser(
@@ -276,6 +280,20 @@ def _cmd_flower(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_drain(args: argparse.Namespace) -> int:
+    from dtask.exceptions import DtaskError
+    from dtask.worker import configure
+
+    app = configure()
+    if not app.control.ping(destination=[args.worker], timeout=2):
+        raise DtaskError(f"no worker {args.worker!r} answered (names are listed in Flower)")
+    from dtask.worker.drain import DRAIN_COMMAND
+
+    app.control.broadcast(DRAIN_COMMAND, destination=[args.worker])
+    print(f"worker {args.worker} is handing over its running children and stopping")
+    return EXIT_OK
+
+
 def _cmd_beat(args: argparse.Namespace) -> int:
     from dtask import services
     from dtask.worker import configure
@@ -296,10 +314,11 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 
 def _cmd_worker(extra: Sequence[str]) -> int:
-    from dtask.worker import configure, reaper
+    from dtask.worker import configure, drain, reaper
 
     app = configure()
     reaper.install()
+    drain.install()
     app.worker_main(worker_argv(extra))
     return EXIT_OK
 
@@ -315,6 +334,7 @@ COMMANDS = {
     "up": _cmd_up,
     "flower": _cmd_flower,
     "beat": _cmd_beat,
+    "drain": _cmd_drain,
     "down": _cmd_down,
 }
 

@@ -26,6 +26,7 @@ class Settings:
     heartbeat_interval: float
     reaper_interval: float
     stall_timeout: float
+    drain_grace: float
     checkpoint_interval: float
     checkpoint_every: int
     retry_delay: float
@@ -59,6 +60,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
     "DTASK_STALL_TIMEOUT": ("15", "seconds without progress before lost messages are re-sent"),
+    "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
     "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
@@ -107,6 +109,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         heartbeat_interval=heartbeat,
         reaper_interval=_number(env, "DTASK_REAPER_INTERVAL", 1.0, float, 0.1),
         stall_timeout=_number(env, "DTASK_STALL_TIMEOUT", 15.0, float, 1.0),
+        drain_grace=_number(env, "DTASK_DRAIN_GRACE", 5.0, float, 0.0),
         checkpoint_interval=_number(env, "DTASK_CHECKPOINT_INTERVAL", 1.0, float, 0.0),
         checkpoint_every=_number(env, "DTASK_CHECKPOINT_EVERY", 10_000, int, 1),
         retry_delay=_number(env, "DTASK_RETRY_DELAY", 1.0, float, 0.0),

@@ -7,6 +7,7 @@ finalize (the chord callback, also its errback) marks the master from PostgreSQL
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from dtask.exceptions import (
 from dtask.runs import ChildState, ClaimRefusal, RunState
 from dtask.settings import is_redis
 from dtask.templates import registry
+from dtask.worker import drain
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.heartbeat import Heartbeat
@@ -153,15 +155,17 @@ def _patiently(call: Callable[[], T], patience: float) -> T:
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     config = services.current().settings
+    drain.arm()
     try:
         store = services.store()
+        if drain.DRAINING.is_set():  # this worker is stopping: let another one take it
+            _hand_over(store, run_id, index, template, spec)
+            raise Ignore()
         taken = store.claim_child(run_id, index, owner_name(), config.lease_ttl)
         if isinstance(taken, Refusal):
             _refused(run_id, index, taken)
             return None
-        _run_claimed(
-            self, store, taken, run_id, index, template, readable(template, run_id, index, spec)
-        )
+        _run_claimed(self, store, taken, run_id, index, template, spec)
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
@@ -173,6 +177,13 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     return None
 
 
+def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
+    """Re-send a child this worker let go of, ahead of first-time children."""
+    run = store.run(run_id)
+    if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
+        publish([Redispatch(run_id, index, spec, template, run.group_id, run.queue)], urgent=True)
+
+
 def _run_claimed(
     task: Task,
     store: Store,
@@ -180,7 +191,7 @@ def _run_claimed(
     run_id: int,
     index: int,
     template: str,
-    reprs: dict[str, str],
+    spec: dict[str, Any],
 ) -> None:
     config = services.current().settings
     beat = Heartbeat(
@@ -188,6 +199,13 @@ def _run_claimed(
         config.heartbeat_interval,
         name=f"{run_id}.{index}",
     )
+
+    def release_and_hand_over() -> None:
+        with contextlib.suppress(LeaseLost):
+            store.release_child(claim, None)  # keeps the last committed checkpoint
+        _hand_over(store, run_id, index, template, spec)
+
+    drain.running(release_and_hand_over)
     try:
         with beat:
             tpl = registry.get(template)
@@ -202,7 +220,7 @@ def _run_claimed(
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
                 lease_lost=beat.lost.is_set,
-                stop_requested=beat.stop_requested.is_set,
+                stop_requested=lambda: beat.stop_requested.is_set() or drain.DRAINING.is_set(),
             )
             tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
@@ -212,10 +230,15 @@ def _run_claimed(
         raise
     except ChildStopped:
         _patiently(lambda: store.release_child(claim, None), config.lease_ttl)
+        if not beat.stop_requested.is_set():  # drained, not cancelled: resume elsewhere now
+            _hand_over(store, run_id, index, template, spec)
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
+        reprs = readable(template, run_id, index, spec)
         _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay, reprs)
+    finally:
+        drain.running(None)
 
 
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:

@@ -133,3 +133,20 @@ def blocked_range(ctx: dtask.ChildContext, a: int, b: int) -> None:
                 raise RuntimeError("blocked")
             out.write(f"{i}\n")
             out.flush()
+
+
+@dtask.template(
+    "stubborn",
+    params={"steps": int},
+    skeleton={"steps": "${steps}"},
+    split=lambda r: [{"steps": r["steps"]}],
+)
+def stubborn(ctx: dtask.ChildContext, steps: int) -> None:
+    """Never checkpoints and never asks should_stop(): a drain must wait out its grace."""
+    import time
+
+    with _sink(ctx).open("a") as out:
+        for i in range(1, steps + 1):
+            time.sleep(0.5)
+            out.write(f"{i}\n")
+            out.flush()

@@ -1,0 +1,111 @@
+"""Scale-down is a hand-over: SIGTERM makes a worker give its running children away at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dtask
+from tests.conftest import DTASK, WorkerProcess
+from tests.support.db import child_row, owner_pid, wait_for
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **env: str) -> WorkerProcess:
+        log = tmp_path / f"w{len(started)}.log"
+        worker = WorkerProcess({**dtask_env, **env}, log, "-c", "2", *args)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def numbers(sink: Path, run_id: int, index: int) -> list[int]:
+    return [int(x) for x in (sink / f"{run_id}-{index}.txt").read_text().split()]
+
+
+@pytest.mark.parametrize("how", ["sigterm-main", "sigterm-group", "dtask-drain"])
+def test_a_stopping_worker_hands_running_children_over_and_exits_at_once(
+    start_worker: object, sink: Path, dtask_env: dict[str, str], how: str
+) -> None:
+    name = f"leaving-{how}@{socket.gethostname()}"
+    leaving = start_worker("--hostname", name)  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 40, "delay": 0.5})  # 2 children of 10 s each
+    for index in (0, 1):
+        wait_for(lambda i=index: (child_row(run.id, i).checkpoint or {}).get("done", 0) >= 5,
+                 30, f"child {index} to checkpoint")  # fmt: skip
+    staying = start_worker()  # type: ignore[operator]
+
+    sent = time.monotonic()
+    if how == "sigterm-group":
+        os.killpg(leaving.proc.pid, signal.SIGTERM)
+    elif how == "sigterm-main":
+        leaving.proc.send_signal(signal.SIGTERM)
+    else:
+        drained = subprocess.run(
+            [DTASK, "drain", name], env=dtask_env, capture_output=True, text=True, timeout=30
+        )
+        assert drained.returncode == 0, drained.stderr
+    assert leaving.proc.wait(15) == 0
+    exited_after = time.monotonic() - sent
+    assert exited_after < 10, f"worker took {exited_after:.1f} s to exit"
+
+    for index in (0, 1):  # both resumed at once on the other worker
+        wait_for(
+            lambda i=index: (
+                (row := child_row(run.id, i)).state == "running"
+                and row.owner is not None
+                and os.getpgid(owner_pid(row.owner)) == staying.proc.pid
+            ),
+            10,
+            f"child {index} to resume on the other worker",
+        )
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    for index in (0, 1):
+        seen = numbers(sink, run.id, index)
+        assert set(seen) == set(range(index * 20 + 1, index * 20 + 21))
+        assert len(seen) == len(set(seen))  # handed over at an exact checkpoint: nothing redone
+        assert child_row(run.id, index).attempt == 1  # a hand-over is not a failed attempt
+    assert "stopped at its checkpoint and was released" in leaving.output()
+
+
+def test_a_child_that_ignores_the_drain_is_released_when_the_grace_period_ends(
+    start_worker: object, sink: Path
+) -> None:
+    leaving = start_worker(DTASK_DRAIN_GRACE="2")  # type: ignore[operator]
+    run = dtask.submit("stubborn", {"steps": 20})  # 10 s, never checks should_stop()
+    wait_for(lambda: child_row(run.id, 0).state == "running", 30, "the child to start")
+    staying = start_worker()  # type: ignore[operator]
+    sent = time.monotonic()
+    leaving.proc.send_signal(signal.SIGTERM)
+    assert leaving.proc.wait(15) == 0
+    assert time.monotonic() - sent < 10
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    assert "did not stop within the drain grace period" in leaving.output()
+    assert staying.proc.poll() is None
+
+
+def test_drain_names_an_unknown_worker_clearly(dtask_env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [DTASK, "drain", "nobody@nowhere"], env=dtask_env, capture_output=True, text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "no worker 'nobody@nowhere' answered" in result.stderr
