@@ -60,7 +60,7 @@ def reap_once() -> Pass:
             log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
         expired = store.release_expired()
         if expired:
-            publish(expired, urgent=True)
+            publish(expired)
             for c in expired:
                 log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
         unstuck = 0
@@ -73,7 +73,7 @@ def reap_once() -> Pass:
         for run_id, queue in store.stalled_runs(config.stall_timeout):
             if queue_size(queue or DEFAULT_QUEUE) == 0:
                 lost = store.pending_children(run_id)
-                resent += publish(lost, urgent=True)
+                resent += publish(lost)
                 log.warning(
                     "reaper: run %s stalled, re-sent %d pending children", run_id, len(lost)
                 )

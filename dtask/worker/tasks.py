@@ -78,29 +78,31 @@ def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> No
     assert run.group_id is not None and run.chord_size is not None
     app.backend.set_chord_size(run.group_id, run.chord_size)
     publish(
-        Redispatch(run.id, index, spec, run.template, run.group_id, run.queue)
-        for index, spec in children
+        (
+            Redispatch(run.id, index, spec, run.template, run.group_id, run.queue)
+            for index, spec in children
+        ),
+        priority=SMALL_RUN if run.chord_size <= SMALL_RUN_CHILDREN else LARGE_RUN,
     )
 
 
-# Redis pops priority 0 first (and unprioritised messages count as 0): first-time children
-# wait behind masters, callbacks and re-sent children, so a failover does not queue behind
-# a backlog. RabbitMQ needs x-max-priority queues for this; there messages stay FIFO.
-FIRST_SEND, RESEND = 6, 0
+# Redis pops priority 0 first (and unprioritised messages count as 0). Masters, callbacks
+# and re-sent children (failover, hand-over) go first; then the children of small runs, so a
+# short job never waits behind a large one's backlog; then large runs' children, FIFO.
+# RabbitMQ needs x-max-priority queues (and counts the other way): there everything is FIFO.
+RESEND, SMALL_RUN, LARGE_RUN = 0, 3, 6
+SMALL_RUN_CHILDREN = 100
 
 
-def _priority(urgent: bool) -> dict[str, int]:
-    if not is_redis(str(app.conf.broker_url)):
-        return {}
-    return {"priority": RESEND if urgent else FIRST_SEND}
+def _priority(value: int) -> dict[str, int]:
+    return {"priority": value} if is_redis(str(app.conf.broker_url)) else {}
 
 
-def publish(children: Iterable[Redispatch], urgent: bool = False) -> int:
-    """Send child messages over one producer connection; returns how many. ``urgent`` ones
-    (re-sent after a failure) go ahead of first-time children."""
+def publish(children: Iterable[Redispatch], priority: int = RESEND) -> int:
+    """Send child messages over one producer connection; returns how many."""
     sent = 0
     callbacks: dict[str, Any] = {}
-    priority = _priority(urgent)
+    options = _priority(priority)
     with app.producer_or_acquire() as producer:
         for c in children:
             callback = callbacks.get(c.group_id)
@@ -114,7 +116,7 @@ def publish(children: Iterable[Redispatch], urgent: bool = False) -> int:
                 chord=callback,
                 queue=c.queue or DEFAULT_QUEUE,
                 **readable(c.template, c.run_id, c.index, c.spec),
-                **priority,
+                **options,
                 producer=producer,
                 add_to_parent=False,
             )
@@ -181,7 +183,7 @@ def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[
     """Re-send a child this worker let go of, ahead of first-time children."""
     run = store.run(run_id)
     if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
-        publish([Redispatch(run_id, index, spec, template, run.group_id, run.queue)], urgent=True)
+        publish([Redispatch(run_id, index, spec, template, run.group_id, run.queue)])
 
 
 def _run_claimed(

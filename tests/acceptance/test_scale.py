@@ -109,3 +109,55 @@ def test_drain_names_an_unknown_worker_clearly(dtask_env: dict[str, str]) -> Non
     )  # fmt: skip
     assert result.returncode == 2
     assert "no worker 'nobody@nowhere' answered" in result.stderr
+
+
+def _owned_by(run_id: int, worker: WorkerProcess) -> bool:
+    from sqlalchemy import text
+
+    from dtask import services
+
+    with services.store().engine.connect() as conn:
+        owners = conn.execute(
+            text("SELECT owner FROM dtask_children WHERE run_id = :r AND owner IS NOT NULL"),
+            {"r": run_id},
+        ).scalars()
+        pids = [owner_pid(o) for o in owners]
+    return any(_in_group(pid, worker.proc.pid) for pid in pids)
+
+
+def _in_group(pid: int, group: int) -> bool:
+    try:
+        return os.getpgid(pid) == group
+    except ProcessLookupError:
+        return False
+
+
+def test_workers_that_join_mid_run_take_children_within_2_seconds(start_worker: object) -> None:
+    start_worker()  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 4000, "delay": 0.025})  # 200 children of 0.5 s
+    wait_for(lambda: run.status().children.succeeded >= 4, 30, "the run to get going")
+    for _ in range(2):
+        joined = start_worker()  # type: ignore[operator]
+        ready = time.monotonic()
+        wait_for(lambda w=joined: _owned_by(run.id, w), 10, "the new worker to take a child")
+        took = time.monotonic() - ready
+        assert took < 2, f"the new worker took {took:.1f} s to start a child"
+    run.cancel()
+
+
+def test_a_small_run_does_not_wait_behind_a_large_ones_backlog(start_worker: object) -> None:
+    start_worker()  # type: ignore[operator]
+    start_worker()  # type: ignore[operator]
+    big = dtask.submit("slow_range", {"n": 100_000, "delay": 0.0025})  # 5,000 children of 0.05 s
+    wait_for(lambda: big.status().children.succeeded >= 20, 60, "the large run to get going")
+    submitted = time.monotonic()
+    small = dtask.submit("slow_range", {"n": 200, "delay": 0.0025})  # 10 children
+    wait_for(lambda: small.status().children.running + small.status().children.succeeded > 0,
+             5, "the small run's first child to start")  # fmt: skip
+    status = small.wait(timeout=30)
+    assert status.state is dtask.RunState.SUCCEEDED
+    small_took = time.monotonic() - submitted
+    remaining = big.status().children
+    assert remaining.finished < remaining.total / 2, "the small run should finish long before"
+    assert small_took < 10
+    big.cancel()
