@@ -63,6 +63,7 @@ def test_a_stopping_worker_hands_running_children_over_and_exits_at_once(
         assert drained.returncode == 0, drained.stderr
     assert leaving.proc.wait(15) == 0
     exited_after = time.monotonic() - sent
+    print(f"\n[{how}] worker exited {exited_after:.2f} s after the request")
     assert exited_after < 10, f"worker took {exited_after:.1f} s to exit"
 
     for index in (0, 1):  # both resumed at once on the other worker
@@ -141,6 +142,7 @@ def test_workers_that_join_mid_run_take_children_within_2_seconds(start_worker: 
         ready = time.monotonic()
         wait_for(lambda w=joined: _owned_by(run.id, w), 10, "the new worker to take a child")
         took = time.monotonic() - ready
+        print(f"\nworker joined; first child {took:.2f} s after it was ready")
         assert took < 2, f"the new worker took {took:.1f} s to start a child"
     run.cancel()
 
@@ -158,6 +160,37 @@ def test_a_small_run_does_not_wait_behind_a_large_ones_backlog(start_worker: obj
     assert status.state is dtask.RunState.SUCCEEDED
     small_took = time.monotonic() - submitted
     remaining = big.status().children
+    print(
+        f"\nsmall run done {small_took:.2f} s after submit;"
+        f" large run {remaining.finished}/{remaining.total} children done by then"
+    )
     assert remaining.finished < remaining.total / 2, "the small run should finish long before"
     assert small_took < 10
     big.cancel()
+
+
+def test_a_templates_queue_routes_its_children_to_the_workers_consuming_it(
+    start_worker: object, sink: Path
+) -> None:
+    plain = start_worker()  # type: ignore[operator]
+    special = start_worker("-Q", "special")  # type: ignore[operator]
+    run = dtask.submit("routed", {"n": 60})
+    assert run.wait(timeout=60).state is dtask.RunState.SUCCEEDED
+    pids = {int(p) for i in range(6) for p in (sink / f"{run.id}-{i}.txt").read_text().split()}
+    assert all(_in_group(pid, special.proc.pid) for pid in pids)
+    assert not any(_in_group(pid, plain.proc.pid) for pid in pids)
+
+
+def test_autoscale_runs_children_within_its_bounds(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    worker = WorkerProcess(dtask_env, tmp_path / "auto.log", "--autoscale", "3,1")
+    try:
+        worker.wait_ready()
+        run = dtask.submit("slow_range", {"n": 120, "delay": 0.05})  # 6 children of 1 s
+        assert run.wait(timeout=60).state is dtask.RunState.SUCCEEDED
+        import psutil
+
+        assert len(psutil.Process(worker.proc.pid).children()) <= 3
+    finally:
+        worker.stop()

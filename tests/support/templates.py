@@ -150,3 +150,16 @@ def stubborn(ctx: dtask.ChildContext, steps: int) -> None:
             time.sleep(0.5)
             out.write(f"{i}\n")
             out.flush()
+
+
+@dtask.template(
+    "routed",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=10),
+    queue="special",
+)
+def routed(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """Its children go to the 'special' queue only."""
+    with _sink(ctx).open("a") as out:
+        out.write(f"{os.getpid()}\n")
