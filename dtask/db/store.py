@@ -78,7 +78,6 @@ class Redispatch:
 class Refusal:
     reason: ClaimRefusal
     error: str | None = None
-    lease_left: float = 0.0  # seconds until a BUSY child's current lease expires
 
 
 class Store:
@@ -426,7 +425,6 @@ class Store:
                 text(
                     "SELECT c.id, c.state, c.attempt, c.max_attempts, c.error,"
                     " coalesce(c.lease_expires_at > now(), false) AS leased,"
-                    " greatest(extract(epoch FROM c.lease_expires_at - now()), 0) AS lease_left,"
                     " r.state IN ('splitting', 'running') AS run_active"
                     " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
                     " WHERE c.run_id = :run AND c.index = :index"
@@ -443,7 +441,7 @@ class Store:
                 current.run_active,
             )
             if reason is not ClaimRefusal.EXHAUSTED:
-                return Refusal(reason, current.error, float(current.lease_left or 0))
+                return Refusal(reason, current.error)
             error = _exhausted(current.attempt, current.error)
             failed = conn.execute(
                 text(
@@ -647,10 +645,6 @@ class Store:
                 {"settled": settled_for},
             ).all()
         return [int(r.id) for r in rows]
-
-    def ping(self) -> None:
-        with self._tx() as conn:
-            conn.execute(text("SELECT 1"))
 
 
 def _json_or_none(value: Any | None) -> str | None:
