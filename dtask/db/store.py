@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.errors import IdleInTransactionSessionTimeout
 from sqlalchemy import Connection, Engine, Row, text
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import InternalError, OperationalError, ProgrammingError
 
 from dtask.db.engine import unreachable
 from dtask.exceptions import DatabaseUnavailable, DtaskError, KeyConflict, LeaseLost, RunNotFound
@@ -85,10 +86,18 @@ class Store:
         self.engine = engine
 
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
+    def _tx(self, autocommit: bool = False) -> Iterator[Connection]:
+        """A transaction; or, with ``autocommit``, a connection whose every statement commits
+        on its own. A child owner's writes are single conditional statements run that way, so
+        an owner frozen mid-write (SIGSTOP, a paused VM) never keeps the row locked: the reaper
+        skips locked rows and would otherwise never take the child over."""
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            if autocommit:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                    yield c
+            else:
+                with self.engine.begin() as conn:
+                    yield conn
         except OperationalError as exc:
             raise unreachable(exc, self.engine) from None
         except ProgrammingError as exc:
@@ -459,7 +468,7 @@ class Store:
     def _fenced_update(self, claim: Claim, assignments: str, **params: Any) -> None:
         """Write to a child we own: only while its fence is ours and it is running.
         A stale owner matches no row and gets LeaseLost."""
-        with self._tx() as conn:
+        with self._tx(autocommit=True) as conn:
             result = conn.execute(
                 text(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
@@ -492,7 +501,7 @@ class Store:
 
     def fail_attempt(self, claim: Claim, error: str) -> ChildState:
         """Record a failed attempt: back to pending for a retry, or failed when none are left."""
-        with self._tx() as conn:
+        with self._tx(autocommit=True) as conn:
             row = conn.execute(
                 text(
                     "UPDATE dtask_children SET"
@@ -514,7 +523,7 @@ class Store:
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
         None when the fence has moved (we lost the child)."""
-        with self._tx() as conn:
+        with self._tx(autocommit=True) as conn:
             row = conn.execute(
                 text(
                     "UPDATE dtask_children c"
@@ -548,14 +557,32 @@ class Store:
     # --- the reaper ---------------------------------------------------------------------
 
     @contextmanager
-    def reaper_turn(self) -> Iterator[bool]:
-        """True inside the block for exactly one caller cluster-wide at a time."""
-        with self._tx() as conn:
-            yield bool(
+    def reaper_turn(self, hold_for: float) -> Iterator[bool]:
+        """True inside the block for one caller cluster-wide at a time.
+
+        A leader that hangs (SIGSTOP, swap, a paused VM) while holding the lock would block
+        failover everywhere: PostgreSQL ends its session once it has been idle in this
+        transaction for ``hold_for`` seconds, so a survivor takes over. Every reaper action is
+        conditional and idempotent, so a woken leader overlapping a new one is harmless.
+        """
+        try:
+            with self._tx() as conn:
                 conn.execute(
-                    text("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
-                ).scalar()
-            )
+                    text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
+                    {"ms": str(int(hold_for * 1000))},
+                )
+                yield bool(
+                    conn.execute(
+                        text("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
+                    ).scalar()
+                )
+        except InternalError as exc:
+            if not isinstance(exc.orig, IdleInTransactionSessionTimeout):
+                raise
+            raise LeaseLost(
+                "the reaper's turn ended: held past its limit (this worker was paused, or the"
+                " pass ran long); another worker reaps now"
+            ) from None
 
     def release_expired(self, limit: int = 1000) -> list[Redispatch]:
         """Expired leases (their owner died or hung) -> pending again, to be re-sent at once.

@@ -50,7 +50,7 @@ def queue_size(queue: str) -> int:
 def reap_once() -> Pass:
     config = services.current().settings
     store = services.store()
-    with store.reaper_turn() as leader:
+    with store.reaper_turn(hold_for=config.lease_ttl) as leader:
         if not leader:
             return Pass(leader=False)
         finalized = 0

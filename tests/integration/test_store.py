@@ -196,3 +196,17 @@ def test_statuses_lists_newest_first_with_counts(store: Store) -> None:
     run_id = new_run(store, children=4)
     latest = store.statuses(limit=5)
     assert latest[0].id == run_id and latest[0].children.pending == 4
+
+
+def test_a_hung_reaper_leader_loses_its_turn_after_hold_for(store: Store) -> None:
+    import time
+
+    with pytest.raises(LeaseLost, match="turn ended"), store.reaper_turn(hold_for=0.5) as first:
+        assert first
+        with store.reaper_turn(hold_for=0.5) as second:
+            assert not second  # one leader at a time
+        time.sleep(1.5)  # the leader hangs, idle in its transaction: PostgreSQL ends it
+        with store.reaper_turn(hold_for=0.5) as third:
+            assert third  # a survivor takes over
+    with store.reaper_turn(hold_for=0.5) as again:
+        assert again
