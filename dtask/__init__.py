@@ -8,11 +8,14 @@ from dtask.exceptions import (
     ConfigurationError,
     DatabaseUnavailable,
     DtaskError,
+    InvalidSchedule,
     InvalidSplit,
     InvalidVariables,
     KeyConflict,
     LeaseLost,
     RunNotFound,
+    ScheduleExists,
+    ScheduleNotFound,
     ServiceUnavailable,
     TemplateDefinitionError,
     TooManyChildren,
@@ -20,6 +23,15 @@ from dtask.exceptions import (
     WaitTimeout,
 )
 from dtask.runs import ChildCounts, ChildState, RunState, RunStatus
+from dtask.schedules import Misfire, Overlap, Schedule
+from dtask.scheduling import (
+    add_schedule,
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    remove_schedule,
+    resume_schedule,
+)
 from dtask.splitting import RangeSplit, SplitStrategy
 from dtask.templates import Param, Template, registry, template
 
@@ -32,16 +44,22 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
     "DtaskError",
+    "InvalidSchedule",
     "InvalidSplit",
     "InvalidVariables",
     "KeyConflict",
     "LeaseLost",
+    "Misfire",
+    "Overlap",
     "Param",
     "RangeSplit",
     "Run",
     "RunNotFound",
     "RunState",
     "RunStatus",
+    "Schedule",
+    "ScheduleExists",
+    "ScheduleNotFound",
     "ServiceUnavailable",
     "SplitStrategy",
     "Template",
@@ -49,8 +67,14 @@ __all__ = [
     "TooManyChildren",
     "UnknownTemplate",
     "WaitTimeout",
+    "add_schedule",
     "get_run",
+    "get_schedule",
+    "list_schedules",
+    "pause_schedule",
     "registry",
+    "remove_schedule",
+    "resume_schedule",
     "submit",
     "template",
 ]

@@ -43,7 +43,7 @@ class Run:
         if state is RunState.SUCCEEDED:
             raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
         if state in (RunState.PENDING, RunState.SPLITTING):
-            _send_master(self.id)
+            send_master(self.id)
         return self.status()
 
     def wait(
@@ -99,7 +99,7 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
     )
     if created or store.run(run_id).state is RunState.PENDING:
         try:
-            _send_master(run_id)
+            send_master(run_id)
         except BrokerUnavailable as exc:
             if created:
                 store.forget_unsent_run(run_id)
@@ -108,7 +108,7 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
     return Run(run_id, created=created)
 
 
-def _send_master(run_id: int) -> None:
+def send_master(run_id: int) -> None:
     """Wake a master for the run (a duplicate is harmless: the run's lock and state decide)."""
     from dtask.worker import configure
     from dtask.worker.tasks import master

@@ -32,6 +32,18 @@ class TooManyChildren(InvalidSplit):
     """The split would create more children than allowed (DTASK_MAX_CHILDREN)."""
 
 
+class InvalidSchedule(DtaskError):
+    """The schedule's definition is invalid (cron, interval, time zone or policy)."""
+
+
+class ScheduleNotFound(DtaskError):
+    """No schedule has that name."""
+
+
+class ScheduleExists(DtaskError):
+    """A schedule with that name exists already."""
+
+
 class KeyConflict(DtaskError):
     """The trigger key is already used by a run with another template or variables."""
 

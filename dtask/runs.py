@@ -108,6 +108,8 @@ class RunStatus:
     created_at: datetime
     finished_at: datetime | None
     error: str | None
+    schedule: str | None = None  # the schedule whose slot triggered the run
+    slot: datetime | None = None
 
     @property
     def finished(self) -> bool:
@@ -124,6 +126,8 @@ class RunStatus:
             "created_at": self.created_at.isoformat(),
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "error": self.error,
+            "schedule": self.schedule,
+            "slot": self.slot.isoformat() if self.slot else None,
         }
 
 

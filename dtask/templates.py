@@ -15,8 +15,11 @@ from dtask.exceptions import InvalidVariables, TemplateDefinitionError, UnknownT
 from dtask.splitting import SplitStrategy, check_count, check_specs
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from dtask.client import Run
     from dtask.context import ChildContext
+    from dtask.schedules import Schedule
 
 JSON = Any
 ChildFunction = Callable[..., None]
@@ -226,6 +229,45 @@ class Template:
     def delay(self, **variables: Any) -> Run:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
         return self.submit(variables)
+
+    def schedule(
+        self,
+        cron: str | None = None,
+        /,
+        *,
+        name: str,
+        every: int | None = None,
+        tz: str = "UTC",
+        misfire: str = "skip",
+        overlap: str = "allow",
+        grace: float = 10.0,
+        catch_up_window: float = 86400.0,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        variables: Mapping[str, Any] | None = None,
+        **more_variables: Any,
+    ) -> Schedule:
+        """Save (or update) the schedule ``name`` that triggers this template, e.g.
+        ``print_range.schedule("*/5 * * * *", name="nightly", n=100)``. Calling it again with
+        the same arguments changes nothing, so it can run at every start of an application.
+        Variables named like an option go in ``variables={...}``."""
+        from dtask.scheduling import add_schedule
+
+        return add_schedule(
+            name,
+            self.name,
+            {**(variables or {}), **more_variables},
+            cron=cron,
+            every=every,
+            tz=tz,
+            misfire=misfire,
+            overlap=overlap,
+            grace=grace,
+            catch_up_window=catch_up_window,
+            start=start,
+            end=end,
+            replace=True,
+        )
 
     def __call__(self, ctx: ChildContext, **spec: Any) -> None:
         self.function(ctx, **spec)

@@ -51,14 +51,16 @@ def sink(dtask_env: dict[str, str]) -> Path:
     return Path(dtask_env["DTASK_TEST_SINK"])
 
 
-class WorkerProcess:
-    """A real `dtask worker` in its own process group, its output in a log file."""
+class DtaskProcess:
+    """A real `dtask ...` command in its own process group, its output in a log file."""
 
-    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+    ready_marker = ""
+
+    def __init__(self, env: dict[str, str], log: Path, *argv: str) -> None:
         self.log = log
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
-            [DTASK, "worker", "--without-mingle", "--without-gossip", *args],
+            [DTASK, *argv],
             env=env,
             cwd=REPO,
             stdout=self._out,
@@ -72,12 +74,17 @@ class WorkerProcess:
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if " ready." in self.output():
+            if self.ready_marker in self.output():
                 return
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early:\n{self.output()[-3000:]}")
+                raise AssertionError(f"{self.log.name} exited early:\n{self.output()[-3000:]}")
             time.sleep(0.1)
-        raise AssertionError(f"worker not ready after {timeout} s:\n{self.output()[-3000:]}")
+        tail = self.output()[-3000:]
+        raise AssertionError(f"{self.log.name} not ready after {timeout} s:\n{tail}")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -88,6 +95,20 @@ class WorkerProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
         self._out.close()
+
+
+class WorkerProcess(DtaskProcess):
+    ready_marker = " ready."
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        super().__init__(env, log, "worker", "--without-mingle", "--without-gossip", *args)
+
+
+class BeatProcess(DtaskProcess):
+    ready_marker = "beat: Starting..."
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        super().__init__(env, log, "beat")
 
 
 def printed_numbers(text: str) -> list[int]:

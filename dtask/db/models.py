@@ -7,8 +7,10 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -24,6 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from dtask.runs import ChildState, RunState
+from dtask.schedules import Misfire, Overlap
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -34,8 +37,11 @@ NAMING = {
 }
 
 
-def _one_of(states: type[RunState] | type[ChildState]) -> str:
-    return "state IN (" + ", ".join(f"'{s.value}'" for s in states) + ")"
+def _one_of(
+    values: type[RunState] | type[ChildState] | type[Misfire] | type[Overlap],
+    column: str = "state",
+) -> str:
+    return f"{column} IN (" + ", ".join(f"'{v.value}'" for v in values) + ")"
 
 
 class Base(DeclarativeBase):
@@ -56,6 +62,8 @@ class RunRow(Base):
     group_id: Mapped[str | None] = mapped_column(String(100))
     chord_size: Mapped[int | None] = mapped_column(Integer)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    schedule: Mapped[str | None] = mapped_column(String(100))
+    slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -65,6 +73,7 @@ class RunRow(Base):
     __table_args__ = (
         CheckConstraint(_one_of(RunState), name="state"),
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
+        Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
     )
 
 
@@ -93,4 +102,37 @@ class ChildRow(Base):
         CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
         Index(None, "run_id", "state"),
         Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
+    )
+
+
+class ScheduleRow(Base):
+    __tablename__ = "dtask_schedules"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    template: Mapped[str] = mapped_column(String(100))
+    variables: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    cron: Mapped[str | None] = mapped_column(String(200))
+    every_seconds: Mapped[int | None] = mapped_column(Integer)
+    timezone: Mapped[str] = mapped_column(String(64))
+    enabled: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    misfire: Mapped[str] = mapped_column(String(16))
+    overlap: Mapped[str] = mapped_column(String(16))
+    misfire_grace: Mapped[float] = mapped_column(Float)
+    catch_up_window: Mapped[float] = mapped_column(Float)
+    start_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    end_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    decided_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    buffered_slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("dtask_runs.id", ondelete="SET NULL")
+    )
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="trigger"),
+        CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
+        CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
     )

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from psycopg.errors import IdleInTransactionSessionTimeout
@@ -33,7 +34,9 @@ from dtask.settings import mask
 _LOCK_NAMESPACE = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
 _REAPER_NAMESPACE = 0x64746C
 
-_RUN_COLUMNS = "id, template, trigger_key, variables, state, created_at, finished_at, error"
+_RUN_COLUMNS = (
+    "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot"
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,33 @@ class RunRecord:
     group_id: str | None
     chord_size: int | None
     dispatches: int
+
+
+@dataclass(frozen=True)
+class NewRun:
+    template: str
+    key: str
+    variables: dict[str, Any]
+    max_attempts: int
+    queue: str | None
+    schedule: str | None = None
+    slot: datetime | None = None
+
+
+def insert_run(conn: Connection, run: NewRun) -> int | None:
+    """Insert a pending run unless its trigger key exists (exactly once per key): its id, or
+    None when the key was taken."""
+    row = conn.execute(
+        text(
+            "INSERT INTO dtask_runs"
+            " (template, trigger_key, variables, max_attempts, queue, schedule, slot)"
+            " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
+            " :schedule, :slot)"
+            " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
+        ),
+        {**asdict(run), "variables": json.dumps(run.variables)},
+    ).first()
+    return None if row is None else int(row.id)
 
 
 @dataclass(frozen=True)
@@ -130,22 +160,9 @@ class Store:
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created)."""
         with self._tx() as conn:
-            row = conn.execute(
-                text(
-                    "INSERT INTO dtask_runs (template, trigger_key, variables, max_attempts, queue)"
-                    " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue)"
-                    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
-                ),
-                {
-                    "template": template,
-                    "key": key,
-                    "variables": json.dumps(variables),
-                    "max_attempts": max_attempts,
-                    "queue": queue,
-                },
-            ).first()
-            if row is not None:
-                return int(row.id), True
+            created = insert_run(conn, NewRun(template, key, variables, max_attempts, queue))
+            if created is not None:
+                return created, True
             existing = conn.execute(
                 text("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
                 {"key": key},
@@ -385,11 +402,15 @@ class Store:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
             return _status(row, self._counts(conn, run_id))
 
-    def statuses(self, limit: int = 50) -> list[RunStatus]:
+    def statuses(self, limit: int = 50, schedule: str | None = None) -> list[RunStatus]:
+        """The latest runs, newest first; only the runs of ``schedule`` if given."""
+        where = "" if schedule is None else "WHERE schedule = :schedule"
         with self._tx() as conn:
             rows = conn.execute(
-                text(f"SELECT {_RUN_COLUMNS} FROM dtask_runs ORDER BY id DESC LIMIT :limit"),
-                {"limit": limit},
+                text(
+                    f"SELECT {_RUN_COLUMNS} FROM dtask_runs {where} ORDER BY id DESC LIMIT :limit"
+                ),
+                {"limit": limit, "schedule": schedule},
             ).all()
             counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
             for c in conn.execute(
@@ -703,6 +724,8 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         created_at=row.created_at,
         finished_at=row.finished_at,
         error=row.error,
+        schedule=row.schedule,
+        slot=row.slot,
     )
 
 

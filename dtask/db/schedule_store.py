@@ -1,0 +1,249 @@
+"""The SQL of schedules. A slot fires once because its run's trigger key is unique; a beat pass
+locks each schedule row it decides (``FOR UPDATE SKIP LOCKED``), so two beats never decide the
+same schedule at once and a beat killed mid-pass decides nothing (its transaction rolls back).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psycopg.errors import IdleInTransactionSessionTimeout
+from sqlalchemy import Connection, Row, text
+from sqlalchemy.exc import InternalError
+
+from dtask.db.store import NewRun, Store, insert_run
+from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
+from dtask.schedules import Cron, Misfire, Overlap, Schedule, Timing
+
+_COLUMNS = (
+    "s.name, s.template, s.variables, s.cron, s.every_seconds, s.timezone, s.enabled, s.misfire,"
+    " s.overlap, s.misfire_grace, s.catch_up_window, s.start_at, s.end_at, s.decided_until,"
+    " s.buffered_slot, s.last_run_id, s.last_error"
+)
+
+
+@dataclass(frozen=True)
+class Firing:
+    """What a beat pass decided for one schedule: runs to create and its new bookkeeping."""
+
+    runs: list[NewRun]
+    decided_until: datetime
+    buffered: datetime | None
+    error: str | None = None
+
+
+@dataclass
+class Fired:
+    """Runs a beat pass created (their masters are to be woken after commit)."""
+
+    created: list[tuple[int, NewRun]] = field(default_factory=list)
+    existing: list[tuple[int, NewRun]] = field(default_factory=list)
+
+
+Decide = Callable[[Schedule, datetime, bool], Firing]
+
+
+class ScheduleStore(Store):
+    def save(self, schedule: Schedule, replace: bool) -> tuple[Schedule, bool]:
+        """Create the schedule (its first slot comes after now). An existing one with the
+        same definition is returned as is; with ``replace`` a different one is updated in
+        place (keeping what was decided); otherwise ScheduleExists."""
+        values = _definition(schedule)
+        with self._tx() as conn:
+            created = conn.execute(
+                text(
+                    "INSERT INTO dtask_schedules (name, template, variables, cron, every_seconds,"
+                    " timezone, misfire, overlap, misfire_grace, catch_up_window, start_at,"
+                    " end_at, decided_until) VALUES (:name, :template, CAST(:variables AS jsonb),"
+                    " :cron, :every, :tz, :misfire, :overlap, :grace, :window, :start_at,"
+                    " :end_at, now()) ON CONFLICT (name) DO NOTHING RETURNING name"
+                ),
+                values,
+            ).first()
+            if created is not None:
+                return self._get(conn, schedule.name), True
+            existing = self._get(conn, schedule.name, lock=True)
+            if existing.same_definition(schedule):
+                return existing, False
+            if not replace:
+                raise ScheduleExists(
+                    f"schedule {schedule.name!r} exists with another definition"
+                    " (`dtask schedule rm` it first, or add with --replace)"
+                )
+            conn.execute(
+                text(
+                    "UPDATE dtask_schedules SET template = :template,"
+                    " variables = CAST(:variables AS jsonb), cron = :cron,"
+                    " every_seconds = :every, timezone = :tz, misfire = :misfire,"
+                    " overlap = :overlap, misfire_grace = :grace, catch_up_window = :window,"
+                    " start_at = :start_at, end_at = :end_at, last_error = NULL,"
+                    " updated_at = now() WHERE name = :name"
+                ),
+                values,
+            )
+            return self._get(conn, schedule.name), False
+
+    def get(self, name: str) -> Schedule:
+        with self._tx() as conn:
+            return self._get(conn, name)
+
+    def all(self) -> list[Schedule]:
+        with self._tx() as conn:
+            rows = conn.execute(text(f"SELECT {_COLUMNS} FROM dtask_schedules s ORDER BY s.name"))
+            return [_schedule(r) for r in rows]
+
+    def set_enabled(self, name: str, enabled: bool) -> Schedule:
+        """Pause, or resume from now: slots that came while paused are not runs to catch up."""
+        with self._tx() as conn:
+            changed = conn.execute(
+                text(
+                    "UPDATE dtask_schedules SET enabled = :enabled, updated_at = now(),"
+                    " decided_until = CASE WHEN :enabled AND NOT enabled THEN now()"
+                    "   ELSE decided_until END,"
+                    " buffered_slot = CASE WHEN :enabled AND NOT enabled THEN NULL"
+                    "   ELSE buffered_slot END"
+                    " WHERE name = :name RETURNING name"
+                ),
+                {"name": name, "enabled": enabled},
+            ).first()
+            if changed is None:
+                raise _not_found(name)
+            return self._get(conn, name)
+
+    def remove(self, name: str) -> None:
+        """Delete the schedule; the runs it triggered stay."""
+        with self._tx() as conn:
+            gone = conn.execute(
+                text("DELETE FROM dtask_schedules WHERE name = :name RETURNING name"),
+                {"name": name},
+            ).first()
+        if gone is None:
+            raise _not_found(name)
+
+    def beat_pass(self, decide: Decide, hold_for: float) -> Fired:
+        """Decide every enabled schedule no other beat is deciding, in one transaction.
+
+        ``decide(schedule, now, previous_running)`` gets PostgreSQL's clock, so beats on
+        machines with skewed clocks agree on what is due. The runs it asks for are inserted
+        with their slot's trigger key (a key that exists is not inserted again).
+        """
+        fired = Fired()
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
+                    {"ms": str(int(hold_for * 1000))},
+                )
+                now = conn.execute(text("SELECT now()")).scalar_one()
+                rows = conn.execute(
+                    text(
+                        f"SELECT {_COLUMNS}, coalesce(r.state IN ('pending', 'splitting',"
+                        " 'running'), false) AS previous_running FROM dtask_schedules s"
+                        " LEFT JOIN dtask_runs r ON r.id = s.last_run_id WHERE s.enabled"
+                        " ORDER BY s.id FOR UPDATE OF s SKIP LOCKED"
+                    )
+                ).all()
+                for row in rows:
+                    firing = decide(_schedule(row), now, bool(row.previous_running))
+                    self._record(conn, row.name, firing, fired)
+        except InternalError as exc:
+            if not isinstance(exc.orig, IdleInTransactionSessionTimeout):
+                raise
+            raise DtaskError(
+                "the beat's pass was held past its limit (this beat was paused); nothing of"
+                " it was recorded, the next pass decides again"
+            ) from None
+        return fired
+
+    @staticmethod
+    def _record(conn: Connection, name: str, firing: Firing, fired: Fired) -> None:
+        last_run = None
+        for run in firing.runs:
+            run_id = insert_run(conn, run)
+            if run_id is not None:
+                fired.created.append((run_id, run))
+            else:
+                run_id = conn.execute(
+                    text("SELECT id FROM dtask_runs WHERE trigger_key = :key"), {"key": run.key}
+                ).scalar_one()
+                fired.existing.append((run_id, run))
+            last_run = run_id
+        conn.execute(
+            text(
+                "UPDATE dtask_schedules SET decided_until = :until,"
+                " buffered_slot = CAST(:buffered AS timestamptz),"
+                " last_run_id = coalesce(CAST(:last_run AS bigint), last_run_id),"
+                " last_error = CASE WHEN CAST(:error AS text) IS NOT NULL THEN :error"
+                "   WHEN CAST(:last_run AS bigint) IS NOT NULL THEN NULL ELSE last_error END,"
+                " updated_at = now() WHERE name = :name"
+            ),
+            {
+                "name": name,
+                "until": firing.decided_until,
+                "buffered": firing.buffered,
+                "last_run": last_run,
+                "error": firing.error,
+            },
+        )
+
+    @staticmethod
+    def _get(conn: Connection, name: str, lock: bool = False) -> Schedule:
+        row = conn.execute(
+            text(
+                f"SELECT {_COLUMNS} FROM dtask_schedules s WHERE s.name = :name"
+                + (" FOR UPDATE" if lock else "")
+            ),
+            {"name": name},
+        ).first()
+        if row is None:
+            raise _not_found(name)
+        return _schedule(row)
+
+
+def _not_found(name: str) -> ScheduleNotFound:
+    return ScheduleNotFound(f"no schedule named {name!r} (see `dtask schedule list`)")
+
+
+def _definition(schedule: Schedule) -> dict[str, Any]:
+    timing = schedule.timing
+    return {
+        "name": schedule.name,
+        "template": schedule.template,
+        "variables": json.dumps(schedule.variables),
+        "cron": timing.cron,
+        "every": timing.every,
+        "tz": timing.tz,
+        "misfire": timing.misfire.value,
+        "overlap": timing.overlap.value,
+        "grace": timing.grace,
+        "window": timing.catch_up_window,
+        "start_at": timing.start_at,
+        "end_at": timing.end_at,
+    }
+
+
+def _schedule(row: Row[Any]) -> Schedule:
+    return Schedule(
+        name=row.name,
+        template=row.template,
+        variables=row.variables,
+        timing=Timing(
+            trigger=Cron.parse(row.cron) if row.cron is not None else int(row.every_seconds),
+            tz=row.timezone,
+            misfire=Misfire(row.misfire),
+            overlap=Overlap(row.overlap),
+            grace=row.misfire_grace,
+            catch_up_window=row.catch_up_window,
+            start_at=row.start_at,
+            end_at=row.end_at,
+        ),
+        enabled=row.enabled,
+        decided_until=row.decided_until,
+        buffered=row.buffered_slot,
+        last_run_id=row.last_run_id,
+        last_error=row.last_error,
+    )

@@ -1,0 +1,131 @@
+"""`dtask beat`: Celery beat driven by the schedules in PostgreSQL.
+
+Every pass (at least once a second, so changes show within a second or two) decides each
+enabled schedule's due slots under a row lock and inserts their runs with the trigger key
+``schedule:<name>:<slot>``: any number of beats may run, and each slot fires once. Masters are
+woken after the pass commits; a beat that dies in between leaves a pending run that a worker's
+reaper starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from celery.beat import Scheduler
+
+from dtask import services
+from dtask.client import send_master
+from dtask.db.schedule_store import Firing, ScheduleStore
+from dtask.db.store import NewRun
+from dtask.exceptions import DtaskError
+from dtask.schedules import Schedule, Tick, iso, trigger_key
+from dtask.templates import registry
+
+log = logging.getLogger("dtask.beat")
+MAX_SLEEP = 1.0
+
+
+class Pass:
+    """One beat pass: decides every schedule, then says how long to sleep."""
+
+    def __init__(self) -> None:
+        self.wake_in = MAX_SLEEP
+
+    def decide(self, schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
+        assert schedule.decided_until is not None
+        tick = schedule.timing.plan(
+            schedule.decided_until, now, schedule.buffered, previous_running
+        )
+        _explain(schedule, tick)
+        upcoming = schedule.timing.next_slot(tick.decided_until)
+        if upcoming is not None:
+            self.wake_in = min(self.wake_in, (upcoming - now).total_seconds())
+        if not tick.fire:
+            return Firing([], tick.decided_until, tick.buffered)
+        try:
+            runs = _runs(schedule, tick)
+        except DtaskError as exc:
+            error = f"slot {iso(tick.fire[-1])} not run: {exc}"
+            log.error("schedule %s: %s", schedule.name, error)
+            return Firing([], tick.decided_until, tick.buffered, error=error)
+        return Firing(runs, tick.decided_until, tick.buffered)
+
+
+def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
+    """Checked again at fire time: the template's code may have changed since the save."""
+    tpl = registry.get(schedule.template)
+    variables = tpl.validate(schedule.variables)
+    tpl.precheck(variables, services.current().settings.max_children)
+    return [
+        NewRun(
+            template=tpl.name,
+            key=trigger_key(schedule.name, slot),
+            variables=variables,
+            max_attempts=tpl.options.max_attempts,
+            queue=tpl.options.queue,
+            schedule=schedule.name,
+            slot=slot,
+        )
+        for slot in tick.fire
+    ]
+
+
+def _explain(schedule: Schedule, tick: Tick) -> None:
+    name, timing = schedule.name, schedule.timing
+    if tick.missed is not None:
+        after, until = tick.missed
+        log.warning(
+            "schedule %s: slots after %s up to %s were missed (no beat ran); misfire policy %s",
+            name, iso(after), iso(until), timing.misfire.value,
+        )  # fmt: skip
+    for slot in tick.overlapping:
+        log.info(
+            "schedule %s: slot %s dropped, its previous run is still going (overlap %s)",
+            name, iso(slot), timing.overlap.value,
+        )  # fmt: skip
+    if tick.buffered is not None and tick.buffered != schedule.buffered:
+        log.info("schedule %s: slot %s waits for the previous run", name, iso(tick.buffered))
+
+
+def beat_pass() -> float:
+    """Run one pass; return the seconds to sleep before the next one."""
+    config = services.current().settings
+    schedules = ScheduleStore(services.store().engine)
+    current = Pass()
+    try:
+        fired = schedules.beat_pass(current.decide, hold_for=config.lease_ttl)
+    except DtaskError as exc:
+        log.warning("beat: %s; trying again in %g s", exc, MAX_SLEEP)
+        return MAX_SLEEP
+    for run_id, run in fired.created:
+        slot = iso(run.slot) if run.slot else "?"
+        try:
+            send_master(run_id)
+        except DtaskError as exc:
+            log.warning(
+                "schedule %s: slot %s is run %s, pending until a reaper starts it: %s",
+                run.schedule, slot, run_id, exc,
+            )  # fmt: skip
+        else:
+            log.info("schedule %s: slot %s triggered run %s", run.schedule, slot, run_id)
+    return max(0.01, min(current.wake_in, MAX_SLEEP))
+
+
+class DatabaseScheduler(Scheduler):  # type: ignore[misc]
+    """A Celery beat scheduler whose entries are dtask's schedules in PostgreSQL."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_interval = MAX_SLEEP
+
+    def setup_schedule(self) -> None:
+        services.load_templates()
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        return beat_pass()
+
+    @property
+    def info(self) -> str:
+        return "    . schedules -> dtask_schedules in PostgreSQL"

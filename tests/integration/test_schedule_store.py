@@ -1,0 +1,157 @@
+"""Schedules in a real PostgreSQL: saving, pausing, and beat passes that race each other."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+
+from dtask import services
+from dtask.db.schedule_store import Decide, Firing, ScheduleStore
+from dtask.db.store import NewRun
+from dtask.exceptions import ScheduleExists, ScheduleNotFound
+from dtask.schedules import Schedule, Timing, trigger_key
+
+
+@pytest.fixture
+def schedules(dtask_env: dict[str, str]) -> ScheduleStore:
+    return ScheduleStore(services.store().engine)
+
+
+@pytest.fixture
+def name(schedules: ScheduleStore) -> Iterator[str]:
+    unique = f"it-{uuid.uuid4().hex[:8]}"
+    yield unique
+    with contextlib.suppress(ScheduleNotFound):
+        schedules.remove(unique)
+
+
+def every(name: str, seconds: int, n: int = 1) -> Schedule:
+    return Schedule(name, "print_range", {"n": n}, Timing(seconds))
+
+
+def db_now(schedules: ScheduleStore) -> datetime:
+    with schedules.engine.connect() as conn:
+        return conn.execute(text("SELECT now()")).scalar_one()  # type: ignore[no-any-return]
+
+
+def test_save_is_idempotent_and_refuses_another_definition_unless_replaced(
+    schedules: ScheduleStore, name: str
+) -> None:
+    first, created = schedules.save(every(name, 5), replace=False)
+    assert created and first.decided_until is not None
+    again, created_again = schedules.save(every(name, 5), replace=False)
+    assert not created_again and again == first
+    with pytest.raises(ScheduleExists, match="exists with another definition"):
+        schedules.save(every(name, 5, n=2), replace=False)
+    replaced, _ = schedules.save(every(name, 7, n=2), replace=True)
+    assert replaced.timing.trigger == 7 and replaced.variables == {"n": 2}
+    assert replaced.decided_until == first.decided_until  # what was decided stays decided
+    assert name in [s.name for s in schedules.all()]
+
+
+def test_pause_and_resume_from_now(schedules: ScheduleStore, name: str) -> None:
+    saved, _ = schedules.save(every(name, 5), replace=False)
+    assert not schedules.set_enabled(name, False).enabled
+    resumed = schedules.set_enabled(name, True)
+    assert resumed.enabled and resumed.decided_until is not None
+    assert saved.decided_until is not None and resumed.decided_until > saved.decided_until
+    schedules.remove(name)
+    for operation in (lambda: schedules.get(name), lambda: schedules.remove(name)):
+        with pytest.raises(ScheduleNotFound, match=f"no schedule named '{name}'"):
+            operation()
+
+
+def fire_every_slot(mine: str, seen: list[str]) -> Decide:
+    """A decide that fires each due slot of ``mine`` and leaves other schedules alone."""
+
+    def decide(schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
+        assert schedule.decided_until is not None
+        if schedule.name != mine:
+            return Firing([], schedule.decided_until, schedule.buffered)
+        seen.append(schedule.name)
+        slots = schedule.timing.slots(schedule.decided_until, now, 100)
+        runs = [
+            NewRun("print_range", trigger_key(mine, s), {"n": 1}, 1, None, mine, s) for s in slots
+        ]
+        return Firing(runs, now, None)
+
+    return decide
+
+
+def test_racing_beat_passes_decide_each_slot_once(schedules: ScheduleStore, name: str) -> None:
+    schedules.save(every(name, 1), replace=False)
+    seen: list[str] = []
+    decide = fire_every_slot(name, seen)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            schedules.beat_pass(decide, hold_for=10)
+
+    beats = [threading.Thread(target=beat) for _ in range(4)]
+    for b in beats:
+        b.start()
+    stop.wait(3.5)
+    stop.set()
+    for b in beats:
+        b.join()
+    with schedules.engine.connect() as conn:
+        slots = [
+            row.slot
+            for row in conn.execute(
+                text("SELECT slot FROM dtask_runs WHERE schedule = :s ORDER BY slot"), {"s": name}
+            )
+        ]
+    assert len(slots) >= 3 and len(seen) > len(slots)
+    assert len(set(slots)) == len(slots)  # one run per slot
+    assert all(b - a == timedelta(seconds=1) for a, b in itertools.pairwise(slots))
+    assert schedules.get(name).last_run_id is not None
+
+
+def test_a_pass_that_dies_midway_records_nothing(schedules: ScheduleStore, name: str) -> None:
+    saved, _ = schedules.save(every(name, 1), replace=False)
+    start = db_now(schedules)
+    while db_now(schedules) < start + timedelta(seconds=1.2):
+        pass
+
+    def dies(schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
+        fired = fire_every_slot(name, [])(schedule, now, previous_running)
+        if schedule.name == name:
+            raise RuntimeError("beat killed")
+        return fired
+
+    with pytest.raises(RuntimeError):
+        schedules.beat_pass(dies, hold_for=10)
+    assert schedules.get(name).decided_until == saved.decided_until
+    with schedules.engine.connect() as conn:
+        count = conn.execute(
+            text("SELECT count(*) FROM dtask_runs WHERE schedule = :s"), {"s": name}
+        ).scalar_one()
+    assert count == 0
+
+
+def test_a_template_schedules_itself_from_python(schedules: ScheduleStore, name: str) -> None:
+    import dtask
+    from dtask.examples import print_range
+
+    saved = print_range.schedule("*/5 * * * *", name=name, n=100)
+    assert print_range.schedule("*/5 * * * *", name=name, n=100) == saved  # at every start
+    assert saved.timing.describe() == "cron */5 * * * * (UTC)" and saved.variables == {"n": 100}
+    changed = print_range.schedule(name=name, every=30, tz="Europe/Berlin", n=7)
+    assert changed.timing.trigger == 30 and changed.variables == {"n": 7}
+    assert dtask.get_schedule(name) == changed
+    with pytest.raises(dtask.InvalidVariables, match="must be int"):
+        print_range.schedule("*/5 * * * *", name=name, n="many")
+    with pytest.raises(dtask.InvalidSchedule, match="hour field"):
+        print_range.schedule("0 25 * * *", name=name, n=1)
+    assert dtask.get_schedule(name) == changed  # a refused change changes nothing
+    assert dtask.pause_schedule(name).enabled is False
+    assert [s.name for s in dtask.list_schedules() if s.name == name] == [name]
+    dtask.remove_schedule(name)
