@@ -419,6 +419,7 @@ def _print_schedule(schedule: Any, as_json: bool) -> None:
     from datetime import UTC, datetime
 
     from dtask import services
+    from dtask.schedules import zone
 
     row = schedule.as_json(datetime.now(UTC))
     if as_json:
@@ -437,7 +438,12 @@ def _print_schedule(schedule: Any, as_json: bool) -> None:
     for label, key in (("start", "start"), ("end", "end"), ("buffered", "buffered")):
         if row[key]:
             print(f"  {label:<10} {row[key]}")
-    print(f"  next       {', '.join(row['next_slots']) or '-'}")
+    local = zone(timing.tz)
+    upcoming = [
+        iso(slot) + ("" if timing.tz == "UTC" else f" ({slot.astimezone(local):%a %H:%M:%S %Z})")
+        for slot in (timing.upcoming(datetime.now(UTC), 3) if schedule.enabled else [])
+    ]
+    print(f"  next       {', '.join(upcoming) or '-'}")
     if schedule.last_error:
         print(f"  last error {schedule.last_error}")
     runs = services.store().statuses(limit=5, schedule=schedule.name)

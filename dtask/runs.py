@@ -7,6 +7,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from dtask.schedules import iso
+
 
 class RunState(StrEnum):
     PENDING = "pending"
@@ -127,7 +129,7 @@ class RunStatus:
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             "error": self.error,
             "schedule": self.schedule,
-            "slot": self.slot.isoformat() if self.slot else None,
+            "slot": iso(self.slot) if self.slot else None,
         }
 
 

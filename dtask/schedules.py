@@ -7,12 +7,13 @@ Daylight saving time, for cron in a time zone (the rule of Vixie cron and cronie
 - a wall time that does not exist (spring forward) fires at the same offset from the jump,
   e.g. 02:30 in Europe/Berlin on the last Sunday of March fires at 03:30 CEST;
 - a wall time that happens twice (fall back) fires once, at its first occurrence,
-- except for schedules whose hour field is ``*``: they follow real time, firing in both passes
-  of a repeated hour and not at all in a skipped one.
+- except for *wildcard* schedules, whose second, minute or hour field starts with ``*``: they
+  follow real time, firing in both passes of a repeated hour and not in a skipped one.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
@@ -148,8 +149,8 @@ class Cron:
     """``minute hour day-of-month month day-of-week``, or six fields with seconds first.
 
     ``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, month and day names, 0 or 7 for Sunday, and the
-    @hourly/@daily/@weekly/@monthly/@yearly macros. When both day fields are restricted a day
-    matches if either does (as in Vixie cron).
+    @hourly/@daily/@weekly/@monthly/@yearly macros. When both day fields are restricted (do not
+    start with ``*``) a day matches if either does, as in Vixie cron.
     """
 
     expression: str
@@ -161,6 +162,7 @@ class Cron:
     weekdays: frozenset[int]  # 0 = Sunday
     days_restricted: bool
     weekdays_restricted: bool
+    wildcard: bool  # follows real time across DST changes (see the module's docstring)
 
     @classmethod
     def parse(cls, expression: str) -> Cron:
@@ -182,13 +184,10 @@ class Cron:
             days=_DOM.parse(dom),
             months=_MONTH.parse(month),
             weekdays=frozenset(d % 7 for d in _DOW.parse(dow)),
-            days_restricted=dom != "*",
-            weekdays_restricted=dow != "*",
+            days_restricted=not dom.startswith("*"),
+            weekdays_restricted=not dow.startswith("*"),
+            wildcard=any(f.startswith("*") for f in (second, minute, hour)),
         )
-
-    @property
-    def every_hour(self) -> bool:
-        return len(self.hours) == 24
 
     def describe(self) -> str:
         return f"cron {self.expression}"
@@ -239,15 +238,15 @@ def _at_or_after(values: list[int], value: int) -> int | None:
     return values[i] if i < len(values) else None
 
 
-def _instants(wall: datetime, tz: ZoneInfo, every_hour: bool) -> list[datetime]:
+def _instants(wall: datetime, tz: ZoneInfo, wildcard: bool) -> list[datetime]:
     """The UTC instants at which a matching wall time fires (see the module's DST rules)."""
     first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
     second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
     exists = first.astimezone(tz).replace(tzinfo=None) == wall
     if not exists:  # skipped by a spring-forward jump; fold=0 shifts it past the jump
-        return [] if every_hour else [first]
+        return [] if wildcard else [first]
     if first != second:  # a fall-back repeat
-        return [first, second] if every_hour else [first]
+        return [first, second] if wildcard else [first]
     return [first]
 
 
@@ -292,7 +291,7 @@ class CronTrigger:
         bound: datetime | None = None
         while (w := wall) is not None and (bound is None or w < bound):
             wall = cron.next_wall(w)
-            for instant in _instants(w, tz, cron.every_hour):
+            for instant in _instants(w, tz, cron.wildcard):
                 if instant > after and (best is None or instant < best):
                     best = instant
                     bound = _naive(best + _offsets(tz, best)[1])
@@ -321,6 +320,15 @@ class Every:
 # --- a schedule's timing: slots, misfires and overlaps --------------------------------------
 
 
+MIN_GRACE = 2.0
+MAX_SECONDS = 366 * 86400
+
+
+def _within(what: str, value: float, low: float, high: float) -> None:
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidSchedule(f"{what} must be {low:g} to {high:.0f} seconds, got {value:g}")
+
+
 @dataclass(frozen=True)
 class Tick:
     """What one beat pass decides for one schedule."""
@@ -329,7 +337,8 @@ class Tick:
     decided_until: datetime  # every slot up to here is decided (fired, dropped or buffered)
     buffered: datetime | None  # buffer_one: the slot waiting for the running run to finish
     missed: tuple[datetime, datetime] | None = None  # (after, until): slots there were missed
-    overlapping: tuple[datetime, ...] = ()  # slots dropped because a run was still going
+    overlapping: tuple[datetime, ...] = ()  # slots dropped by the overlap policy
+    changed: bool = False  # False: nothing was due; the schedule's row need not be written
 
 
 @dataclass(frozen=True)
@@ -345,14 +354,11 @@ class Timing:
 
     def __post_init__(self) -> None:
         zone(self.tz)
-        if isinstance(self.trigger, int) and self.trigger < 1:
-            raise InvalidSchedule(f"an interval must be at least 1 second, got {self.trigger}")
-        if self.grace < 0:
-            raise InvalidSchedule(f"the misfire grace must be >= 0 seconds, got {self.grace:g}")
-        if self.catch_up_window <= 0:
-            raise InvalidSchedule(
-                f"the catch-up window must be > 0 seconds, got {self.catch_up_window:g}"
-            )
+        if isinstance(self.trigger, int):
+            _within("an interval", self.trigger, 1, MAX_SECONDS)
+        # Under ~2 s a healthy beat's own delay would count as a misfire.
+        _within("the misfire grace", self.grace, MIN_GRACE, 86400)
+        _within("the catch-up window", self.catch_up_window, 1, MAX_SECONDS)
         for moment in (self.start_at, self.end_at):
             if moment is not None and moment.tzinfo is None:
                 raise InvalidSchedule(f"start and end need a time zone, got {moment.isoformat()}")
@@ -425,6 +431,7 @@ class Timing:
         against the schedule's previous run (``previous_running``). At most ``limit`` slots
         are decided per pass; the rest wait for the next one.
         """
+        now = max(now, decided_until)  # another pass may have decided past this one's clock
         on_time_from = now - timedelta(seconds=self.grace)
         candidates: list[datetime] = []
         missed = None
@@ -444,14 +451,17 @@ class Timing:
             until = candidates[-1]
             if missed is not None and until < missed[1]:
                 missed = (decided_until, until)
-        fire, overlapping, buffered = self._overlap(candidates, buffered, previous_running)
-        return Tick(tuple(fire), until, buffered, missed, tuple(overlapping))
+        fire, overlapping, still = self._overlap(candidates, buffered, previous_running)
+        changed = bool(candidates) or missed is not None or still != buffered
+        return Tick(tuple(fire), until, still, missed, tuple(overlapping), changed)
 
     def _overlap(
         self, candidates: list[datetime], buffered: datetime | None, running: bool
     ) -> tuple[list[datetime], list[datetime], datetime | None]:
         fire: list[datetime] = []
         dropped: list[datetime] = []
+        if self.overlap is not Overlap.ALLOW:  # one run at a time: of slots due together,
+            dropped, candidates = candidates[:-1], candidates[-1:]  # only the newest counts
         if buffered is not None and (not running or self.overlap is Overlap.ALLOW):
             fire.append(buffered)
             buffered, running = None, True
@@ -501,8 +511,13 @@ def make_timing(
         start_at=start_at,
         end_at=end_at,
     )
-    if timing.next_slot(now or datetime.now(UTC)) is None:
-        raise InvalidSchedule(f"schedule {timing.describe()} never fires (after its start/end)")
+    try:
+        upcoming = timing.next_slot(now or datetime.now(UTC))
+    except OverflowError:
+        upcoming = None
+    if upcoming is None:
+        bounded = " within its start and end" if start_at or end_at else ""
+        raise InvalidSchedule(f"schedule {timing.describe()} never fires{bounded}")
     return timing
 
 

@@ -233,7 +233,6 @@ class Template:
     def schedule(
         self,
         cron: str | None = None,
-        /,
         *,
         name: str,
         every: int | None = None,

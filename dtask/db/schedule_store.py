@@ -34,6 +34,7 @@ class Firing:
     decided_until: datetime
     buffered: datetime | None
     error: str | None = None
+    changed: bool = True  # False: nothing to write (most passes of most schedules)
 
 
 @dataclass
@@ -77,10 +78,14 @@ class ScheduleStore(Store):
             conn.execute(
                 text(
                     "UPDATE dtask_schedules SET template = :template,"
-                    " variables = CAST(:variables AS jsonb), cron = :cron,"
-                    " every_seconds = :every, timezone = :tz, misfire = :misfire,"
+                    " variables = CAST(:variables AS jsonb), cron = CAST(:cron AS varchar),"
+                    " every_seconds = CAST(:every AS integer), timezone = CAST(:tz AS varchar),"
+                    " misfire = :misfire,"
                     " overlap = :overlap, misfire_grace = :grace, catch_up_window = :window,"
                     " start_at = :start_at, end_at = :end_at, last_error = NULL,"
+                    " buffered_slot = CASE WHEN cron IS DISTINCT FROM CAST(:cron AS varchar)"
+                    "   OR every_seconds IS DISTINCT FROM CAST(:every AS integer)"
+                    "   OR timezone <> CAST(:tz AS varchar) THEN NULL ELSE buffered_slot END,"
                     " updated_at = now() WHERE name = :name"
                 ),
                 values,
@@ -148,7 +153,13 @@ class ScheduleStore(Store):
                     )
                 ).all()
                 for row in rows:
-                    firing = decide(_schedule(row), now, bool(row.previous_running))
+                    try:
+                        schedule = _schedule(row)
+                    except DtaskError as exc:  # e.g. a time zone this host does not know
+                        error = f"cannot be read by this beat: {exc}"
+                        firing = Firing([], row.decided_until, row.buffered_slot, error)
+                    else:
+                        firing = decide(schedule, now, bool(row.previous_running))
                     self._record(conn, row.name, firing, fired)
         except InternalError as exc:
             if not isinstance(exc.orig, IdleInTransactionSessionTimeout):
@@ -161,6 +172,8 @@ class ScheduleStore(Store):
 
     @staticmethod
     def _record(conn: Connection, name: str, firing: Firing, fired: Fired) -> None:
+        if not (firing.changed or firing.runs):
+            return
         last_run = None
         for run in firing.runs:
             run_id = insert_run(conn, run)
@@ -174,7 +187,7 @@ class ScheduleStore(Store):
             last_run = run_id
         conn.execute(
             text(
-                "UPDATE dtask_schedules SET decided_until = :until,"
+                "UPDATE dtask_schedules SET decided_until = greatest(decided_until, :until),"
                 " buffered_slot = CAST(:buffered AS timestamptz),"
                 " last_run_id = coalesce(CAST(:last_run AS bigint), last_run_id),"
                 " last_error = CASE WHEN CAST(:error AS text) IS NOT NULL THEN :error"

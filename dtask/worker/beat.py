@@ -25,6 +25,9 @@ from dtask.templates import registry
 
 log = logging.getLogger("dtask.beat")
 MAX_SLEEP = 1.0
+# A frozen beat (SIGSTOP, a paused VM) holds its schedules' row locks until PostgreSQL ends its
+# session after this long idle: slots wait up to that long, under the default 10 s grace.
+HOLD_FOR = 3.0
 
 
 class Pass:
@@ -34,23 +37,39 @@ class Pass:
         self.wake_in = MAX_SLEEP
 
     def decide(self, schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
+        try:
+            return self._decide(schedule, now, previous_running)
+        except Exception as exc:  # one broken schedule must not stop the others or the beat
+            return _failed(schedule, f"{type(exc).__name__}: {exc}")
+
+    def _decide(self, schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
         assert schedule.decided_until is not None
         tick = schedule.timing.plan(
             schedule.decided_until, now, schedule.buffered, previous_running
         )
-        _explain(schedule, tick)
         upcoming = schedule.timing.next_slot(tick.decided_until)
         if upcoming is not None:
             self.wake_in = min(self.wake_in, (upcoming - now).total_seconds())
         if not tick.fire:
-            return Firing([], tick.decided_until, tick.buffered)
+            _explain(schedule, tick)
+            return Firing([], tick.decided_until, tick.buffered, changed=tick.changed)
         try:
             runs = _runs(schedule, tick)
         except DtaskError as exc:
-            error = f"slot {iso(tick.fire[-1])} not run: {exc}"
-            log.error("schedule %s: %s", schedule.name, error)
-            return Firing([], tick.decided_until, tick.buffered, error=error)
+            # Decide nothing: the slots stay due, so another beat that knows the template
+            # (a rolling deploy) runs them, or the misfire policy handles them once fixed.
+            return _failed(schedule, f"slot {iso(tick.fire[-1])} not run: {exc}")
+        _explain(schedule, tick)
         return Firing(runs, tick.decided_until, tick.buffered)
+
+
+def _failed(schedule: Schedule, error: str) -> Firing:
+    """Leave the schedule as it was, with ``error`` shown (and logged once, not every pass)."""
+    assert schedule.decided_until is not None
+    changed = error != schedule.last_error
+    if changed:
+        log.error("schedule %s: %s", schedule.name, error)
+    return Firing([], schedule.decided_until, schedule.buffered, error, changed=changed)
 
 
 def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
@@ -91,11 +110,10 @@ def _explain(schedule: Schedule, tick: Tick) -> None:
 
 def beat_pass() -> float:
     """Run one pass; return the seconds to sleep before the next one."""
-    config = services.current().settings
     schedules = ScheduleStore(services.store().engine)
     current = Pass()
     try:
-        fired = schedules.beat_pass(current.decide, hold_for=config.lease_ttl)
+        fired = schedules.beat_pass(current.decide, hold_for=HOLD_FOR)
     except DtaskError as exc:
         log.warning("beat: %s; trying again in %g s", exc, MAX_SLEEP)
         return MAX_SLEEP
@@ -124,7 +142,11 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
         services.load_templates()
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        return beat_pass()
+        try:
+            return beat_pass()
+        except Exception:  # Celery's beat loop would die; the next pass may well succeed
+            log.exception("beat: pass failed; trying again in %g s", MAX_SLEEP)
+            return MAX_SLEEP
 
     @property
     def info(self) -> str:

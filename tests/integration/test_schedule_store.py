@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -50,8 +51,15 @@ def test_save_is_idempotent_and_refuses_another_definition_unless_replaced(
     assert not created_again and again == first
     with pytest.raises(ScheduleExists, match="exists with another definition"):
         schedules.save(every(name, 5, n=2), replace=False)
+    with schedules.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE dtask_schedules SET buffered_slot = now() WHERE name = :n"), {"n": name}
+        )
+    same_trigger, _ = schedules.save(every(name, 5, n=3), replace=True)
+    assert same_trigger.variables == {"n": 3} and same_trigger.buffered is not None
     replaced, _ = schedules.save(every(name, 7, n=2), replace=True)
     assert replaced.timing.trigger == 7 and replaced.variables == {"n": 2}
+    assert replaced.buffered is None  # a slot of the old trigger does not run later
     assert replaced.decided_until == first.decided_until  # what was decided stays decided
     assert name in [s.name for s in schedules.all()]
 
@@ -155,3 +163,37 @@ def test_a_template_schedules_itself_from_python(schedules: ScheduleStore, name:
     assert dtask.pause_schedule(name).enabled is False
     assert [s.name for s in dtask.list_schedules() if s.name == name] == [name]
     dtask.remove_schedule(name)
+
+
+def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
+    schedules: ScheduleStore, name: str
+) -> None:
+    from dtask.worker.beat import Pass
+
+    services.load_templates()
+    broken = f"{name}-broken"
+    try:
+        schedules.save(every(name, 1), replace=False)
+        saved, _ = schedules.save(every(broken, 1), replace=False)
+        with schedules.engine.begin() as conn:  # as seen by a beat without that template
+            conn.execute(
+                text("UPDATE dtask_schedules SET template = 'gone' WHERE name = :n"), {"n": broken}
+            )
+        start = db_now(schedules)
+        while db_now(schedules) < start + timedelta(seconds=1.5):
+            time.sleep(0.1)
+        fired = schedules.beat_pass(Pass().decide, hold_for=10)
+        assert any(run.schedule == name for _, run in fired.created)
+        assert not any(run.schedule == broken for _, run in fired.created + fired.existing)
+        after = schedules.get(broken)
+        assert after.decided_until == saved.decided_until  # its slots are still due
+        assert after.last_error is not None and "unknown template 'gone'" in after.last_error
+        with schedules.engine.connect() as conn:
+            stamp = "SELECT updated_at FROM dtask_schedules WHERE name = :n"
+            before = conn.execute(text(stamp), {"n": broken}).scalar_one()
+        schedules.beat_pass(Pass().decide, hold_for=10)
+        with schedules.engine.connect() as conn:  # the same error is not written every pass
+            assert conn.execute(text(stamp), {"n": broken}).scalar_one() == before
+    finally:
+        with contextlib.suppress(ScheduleNotFound):
+            schedules.remove(broken)

@@ -47,6 +47,8 @@ def upcoming(expr: str, tz: str, after: str, count: int) -> list[str]:
          ["11-23 09:00:00+0000", "11-24 09:00:00+0000", "11-25 09:00:00+0000"]),
         ("0 0 1,15 * mon", "UTC", "2026-11-20T00:00",  # both day fields: either matches
          ["11-23 00:00:00+0000", "11-30 00:00:00+0000", "12-01 00:00:00+0000"]),
+        ("0 0 */2 * mon", "UTC", "2026-11-20T00:00",  # a leading * is unrestricted (Vixie):
+         ["11-23 00:00:00+0000", "12-07 00:00:00+0000"]),  # odd days that are Mondays
         ("0 0 29 2 *", "UTC", "2026-01-01T00:00", ["02-29 00:00:00+0000"]),  # 2028
         ("*/20 * * * * *", "UTC", "2026-01-01T00:00:50",  # six fields: seconds first
          ["01-01 00:01:00+0000", "01-01 00:01:20+0000", "01-01 00:01:40+0000"]),
@@ -70,6 +72,8 @@ def test_cron_slots(expr: str, tz: str, after: str, expected: list[str]) -> None
          ["03-29 03:30:00+0200", "03-30 02:30:00+0200"]),
         ("berlin spring, every hour", "*/30 * * * *", "Europe/Berlin", "2026-03-29T01:00",
          ["03-29 01:30:00+0100", "03-29 03:00:00+0200", "03-29 03:30:00+0200"]),
+        ("berlin spring, minute *", "* 2 * * *", "Europe/Berlin", "2026-03-29T00:00",
+         ["03-30 02:00:00+0200", "03-30 02:01:00+0200"]),  # wildcard: nothing in the gap
         ("berlin spring, hours 2 and 3", "0 2,3 * * *", "Europe/Berlin", "2026-03-29T00:00",
          ["03-29 03:00:00+0200", "03-30 02:00:00+0200"]),  # 02:00 -> 03:00 = 03:00: once
         # Fall back: 02:00-03:00 happens twice. Fixed hour: once, at the first pass;
@@ -144,13 +148,18 @@ def test_bad_cron_says_which_field(expr: str, message: str) -> None:
     [
         ({}, "exactly one of"),
         ({"cron": "* * * * *", "every": 5}, "exactly one of"),
-        ({"every": 0}, "at least 1 second"),
-        ({"cron": "0 0 30 2 *"}, "never fires"),
+        ({"every": 0}, "an interval must be 1 to 31622400 seconds, got 0"),
+        ({"every": 10**10}, "an interval must be 1 to"),
+        ({"cron": "0 0 30 2 *"}, "never fires$"),
         ({"every": 5, "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
         ({"every": 5, "misfire": "later"}, "misfire policy must be one of skip, run_once"),
         ({"every": 5, "overlap": "queue"}, "overlap policy must be one of allow, skip"),
-        ({"every": 5, "grace": -1}, "grace must be >= 0"),
-        ({"every": 5, "catch_up_window": 0}, "window must be > 0"),
+        ({"every": 5, "grace": 1}, "the misfire grace must be 2 to 86400 seconds, got 1"),
+        ({"every": 5, "grace": float("nan")}, "grace must be 2 to 86400 seconds, got nan"),
+        ({"every": 5, "catch_up_window": float("inf")}, "window must be 1 to"),
+        ({"every": 5, "catch_up_window": 0}, "window must be 1 to"),
+        ({"cron": "* * * * *", "start_at": datetime(9999, 12, 31, 23, tzinfo=UTC)},
+         "never fires within its start and end"),
         ({"every": 5, "start_at": utc("2027-01-01T00:00"), "end_at": utc("2026-01-01T00:00")},
          "end must come after its start"),
         ({"every": 5, "end_at": utc("2020-01-01T00:00")}, "never fires"),
@@ -218,7 +227,7 @@ def test_misfire_policies(misfire: Misfire, decided: float, now: float, fire: li
 
 
 def test_catch_up_is_bounded_by_its_window_and_per_pass_limit() -> None:
-    timing = Timing(1, misfire=Misfire.CATCH_UP, grace=0, catch_up_window=60, start_at=T0)
+    timing = Timing(1, misfire=Misfire.CATCH_UP, grace=2, catch_up_window=60, start_at=T0)
     tick = timing.plan(at(0), at(1000), None, previous_running=False)
     assert secs(tick.fire) == list(range(941, 1001))  # only the last 60 s are caught up
     limited = timing.plan(at(0), at(1000), None, previous_running=False, limit=5)
@@ -227,9 +236,16 @@ def test_catch_up_is_bounded_by_its_window_and_per_pass_limit() -> None:
 
 
 def test_a_pass_that_finds_no_missed_slot_reports_none() -> None:
-    timing = Timing(60, grace=1, start_at=T0)
-    assert timing.plan(at(1), at(30), None, False).missed is None
-    assert timing.plan(at(1), at(90), None, False).missed == (at(1), at(89))
+    timing = Timing(60, grace=2, start_at=T0)
+    quiet = timing.plan(at(1), at(30), None, False)
+    assert quiet.missed is None and not quiet.changed  # nothing due: no row to write
+    assert timing.plan(at(1), at(90), None, False).missed == (at(1), at(88))
+
+
+def test_a_pass_never_moves_decided_until_backwards() -> None:
+    # Another beat (or a resume) decided up to 5 s after this pass's clock.
+    tick = Timing(1, start_at=T0).plan(at(5), at(2), None, False)
+    assert tick.decided_until == at(5) and tick.fire == () and not tick.changed
 
 
 @pytest.mark.parametrize(
@@ -237,8 +253,9 @@ def test_a_pass_that_finds_no_missed_slot_reports_none() -> None:
     [
         (Overlap.ALLOW, True, None, [1, 2], [1, 2], None, []),
         (Overlap.SKIP, True, None, [1, 2], [], None, [1, 2]),
-        (Overlap.SKIP, False, None, [1, 2], [1], None, [2]),  # the first one is now running
-        (Overlap.BUFFER_ONE, True, None, [1, 2], [], 1, [2]),  # keeps the first, drops more
+        # Slots due together (after a misfire): one run at a time, so only the newest counts.
+        (Overlap.SKIP, False, None, [1, 2], [2], None, [1]),
+        (Overlap.BUFFER_ONE, True, None, [1, 2], [], 2, [1]),
         (Overlap.BUFFER_ONE, True, 1, [2], [], 1, [2]),
         (Overlap.BUFFER_ONE, False, 1, [2], [1], 2, []),  # buffered goes; the new one waits
         (Overlap.BUFFER_ONE, False, 1, [], [1], None, []),
@@ -260,6 +277,12 @@ def test_overlap_policies(
     assert secs(tick.fire) == fire
     assert tick.buffered == (None if buffered_after is None else at(buffered_after))
     assert secs(tick.overlapping) == dropped
+
+
+def test_run_once_with_overlap_skip_runs_the_on_time_slot_not_the_stale_one() -> None:
+    timing = Timing(60, misfire=Misfire.RUN_ONCE, overlap=Overlap.SKIP, grace=10, start_at=T0)
+    tick = timing.plan(at(0), at(185), None, previous_running=False)
+    assert secs(tick.fire) == [180] and secs(tick.overlapping) == [120]
 
 
 def test_run_once_finds_the_latest_missed_cron_slot_far_back() -> None:
