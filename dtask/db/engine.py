@@ -34,8 +34,10 @@ def engine_for(url: str, durable: bool = True) -> Engine:
                 # the pid lets operators (and fault tests) map a backend to its process
                 "application_name": f"dtask:{os.getpid()}",
             }
+            options: dict[str, Any] = {}
             if not durable:
                 connect_args["options"] = "-c synchronous_commit=off"
+                options["isolation_level"] = "AUTOCOMMIT"  # single-statement writes only
             engine = create_engine(
                 url,
                 pool_pre_ping=durable,
@@ -43,6 +45,7 @@ def engine_for(url: str, durable: bool = True) -> Engine:
                 pool_size=4,
                 max_overflow=8,
                 connect_args=connect_args,
+                **options,
             )
             if not durable:
                 _ping_idle_connections(engine)

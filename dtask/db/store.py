@@ -87,16 +87,16 @@ class Refusal:
 
 
 class Store:
-    """``lease_engine`` (default: ``engine``) runs a child owner's claim, heartbeat and state
-    writes. services.store() gives it sessions that do not wait for the WAL flush: if
-    PostgreSQL crashes, such a write may be lost, and the fence makes that safe (a lost claim
-    leaves the child pending, a lost finish leaves a lease that expires and the child re-runs
-    from its checkpoint). Checkpoints and every run transition stay durable, and a durable
-    commit also flushes every earlier asynchronous one."""
+    """``lease_engine`` (an autocommit engine; default: ``engine`` in autocommit) runs a child
+    owner's claim, heartbeat and state writes. services.store() gives it sessions that do not
+    wait for the WAL flush: if PostgreSQL crashes, such a write may be lost, and the fence makes
+    that safe (a lost claim leaves the child pending, a lost finish leaves a lease that expires
+    and the child re-runs from its checkpoint). Checkpoints and every run transition stay
+    durable, and a durable commit also flushes every earlier asynchronous one."""
 
     def __init__(self, engine: Engine, lease_engine: Engine | None = None) -> None:
         self.engine = engine
-        self.lease_engine = lease_engine or engine
+        self.lease_engine = lease_engine or engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextmanager
     def _tx(self, autocommit: bool = False, lease: bool = False) -> Iterator[Connection]:
@@ -105,9 +105,11 @@ class Store:
         an owner frozen mid-write (SIGSTOP, a paused VM) never keeps the row locked: the reaper
         skips locked rows and would otherwise never take the child over."""
         try:
-            if autocommit:
-                engine = self.lease_engine if lease else self.engine
-                with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            if lease:  # an autocommit engine: no isolation switch per checkout
+                with self.lease_engine.connect() as c:
+                    yield c
+            elif autocommit:
+                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
                     yield c
             else:
                 with self.engine.begin() as conn:
