@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
+BENCH_ARGS ?=
 
 .PHONY: install demo test lint typecheck unit bench clean
 
@@ -30,8 +32,13 @@ unit: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest -q
 
-bench: $(STAMP)
-	$(BIN)/python -m bench.failover
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# Not part of `make test`: ~15 minutes; writes docs/benchmarks.md and docs/benchmarks/*.png.
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache

@@ -24,3 +24,13 @@ def bench_slow(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
             time.sleep(delay)
             out.write(f"{i}\n")
             out.flush()
+
+
+@dtask.template(
+    "bench_noop",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=1),
+)
+def bench_noop(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """A trivial child: the fan-out benchmarks measure dtask's own cost around it."""

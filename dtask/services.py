@@ -60,7 +60,7 @@ def store() -> Store:
     if url not in _migrated:
         schema.ensure(engine)
         _migrated.add(url)
-    return Store(engine)
+    return Store(engine, lease_engine=engine_for(url, durable=False))
 
 
 def load_templates(config: Settings | None = None) -> None:

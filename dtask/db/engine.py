@@ -4,34 +4,78 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from typing import Any
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError, OperationalError
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from dtask.exceptions import DatabaseUnavailable
 
-_engines: dict[tuple[int, str], Engine] = {}
+_engines: dict[tuple[int, str, bool], Engine] = {}
 _lock = threading.Lock()
 
 
-def engine_for(url: str) -> Engine:
-    key = (os.getpid(), url)
+def engine_for(url: str, durable: bool = True) -> Engine:
+    """The process's engine for ``url``.
+
+    ``durable=False`` is for a child owner's own lease writes only, the statements every child
+    runs: its sessions commit without waiting for the WAL flush (synchronous_commit=off) and
+    its connections are pinged only after sitting idle (the callers retry a write that still
+    finds its connection dead). Everything else pings on every checkout (pool_pre_ping), so a
+    PostgreSQL restart never fails a client's read or a run transition."""
+    key = (os.getpid(), url, durable)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
+            connect_args: dict[str, Any] = {
+                "connect_timeout": 5,
+                # the pid lets operators (and fault tests) map a backend to its process
+                "application_name": f"dtask:{os.getpid()}",
+            }
+            options: dict[str, Any] = {}
+            if not durable:
+                connect_args["options"] = "-c synchronous_commit=off"
+                options["isolation_level"] = "AUTOCOMMIT"  # single-statement writes only
             engine = create_engine(
                 url,
-                pool_pre_ping=True,  # survive a PostgreSQL restart without a failed write
+                pool_pre_ping=durable,
+                pool_use_lifo=True,  # the hot connection is reused, the spare ones go idle
                 pool_size=4,
                 max_overflow=8,
-                connect_args={
-                    "connect_timeout": 5,
-                    # the pid lets operators (and fault tests) map a backend to its process
-                    "application_name": f"dtask:{os.getpid()}",
-                },
+                connect_args=connect_args,
+                **options,
             )
+            if not durable:
+                _ping_idle_connections(engine)
             _engines[key] = engine
         return engine
+
+
+# A lease connection that sat in the pool longer than this is pinged before use; a busy one
+# is not. A connection that was alive before a PostgreSQL restart has been idle for at least
+# the restart, so usually it gets pinged; when the restart was quicker, the write fails with
+# DatabaseUnavailable and is retried on a fresh connection.
+PING_AFTER_IDLE = 0.5
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """pool_pre_ping, minus the round trip per checkout (two per short child)."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"connection lost while idle: {exc}") from exc
 
 
 def _forget_inherited_engines() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from psycopg.errors import IdleInTransactionSessionTimeout
@@ -33,6 +34,10 @@ from dtask.settings import mask
 
 _LOCK_NAMESPACE = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
 _REAPER_NAMESPACE = 0x64746C
+
+# Statements are parsed once per process: building a TextClause costs more than a short
+# child's whole UPDATE round trip.
+_sql = lru_cache(maxsize=None)(text)
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot"
@@ -69,7 +74,7 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
     """Insert a pending run unless its trigger key exists (exactly once per key): its id, or
     None when the key was taken."""
     row = conn.execute(
-        text(
+        _sql(
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
@@ -112,17 +117,28 @@ class Refusal:
 
 
 class Store:
-    def __init__(self, engine: Engine) -> None:
+    """``lease_engine`` (an autocommit engine; default: ``engine`` in autocommit) runs a child
+    owner's claim, heartbeat and state writes. services.store() gives it sessions that do not
+    wait for the WAL flush: if PostgreSQL crashes, such a write may be lost, and the fence makes
+    that safe (a lost claim leaves the child pending, a lost finish leaves a lease that expires
+    and the child re-runs from its checkpoint). Checkpoints and every run transition stay
+    durable, and a durable commit also flushes every earlier asynchronous one."""
+
+    def __init__(self, engine: Engine, lease_engine: Engine | None = None) -> None:
         self.engine = engine
+        self.lease_engine = lease_engine or engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextmanager
-    def _tx(self, autocommit: bool = False) -> Iterator[Connection]:
+    def _tx(self, autocommit: bool = False, lease: bool = False) -> Iterator[Connection]:
         """A transaction; or, with ``autocommit``, a connection whose every statement commits
         on its own. A child owner's writes are single conditional statements run that way, so
         an owner frozen mid-write (SIGSTOP, a paused VM) never keeps the row locked: the reaper
         skips locked rows and would otherwise never take the child over."""
         try:
-            if autocommit:
+            if lease:  # an autocommit engine: no isolation switch per checkout
+                with self.lease_engine.connect() as c:
+                    yield c
+            elif autocommit:
                 with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
                     yield c
             else:
@@ -143,7 +159,7 @@ class Store:
         # Transaction-level only: session locks would leak across pooled connections.
         function = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
         result = conn.execute(
-            text(f"SELECT {function}(:ns, :key)"),
+            _sql(f"SELECT {function}(:ns, :key)"),
             {"ns": _LOCK_NAMESPACE, "key": run_id & 0x7FFFFFFF},
         ).scalar()
         return wait or bool(result)
@@ -164,7 +180,7 @@ class Store:
             if created is not None:
                 return created, True
             existing = conn.execute(
-                text("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
+                _sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
                 {"key": key},
             ).one()
         if existing.template != template or existing.variables != variables:
@@ -178,7 +194,7 @@ class Store:
         """Undo create_run when its master message could not be sent (no half-created run)."""
         with self._tx() as conn:
             conn.execute(
-                text("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
+                _sql("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
             )
 
     def run(self, run_id: int) -> RunRecord:
@@ -188,7 +204,7 @@ class Store:
     @staticmethod
     def _run(conn: Connection, run_id: int) -> RunRecord:
         row = conn.execute(
-            text(
+            _sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
                 " child_total, group_id, chord_size, dispatches FROM dtask_runs WHERE id = :id"
             ),
@@ -234,7 +250,7 @@ class Store:
                 return RunState.FAILED
             self._insert_children(conn, run_id, run.max_attempts, specs)
             conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
                     " chord_size = :total, dispatches = dispatches + 1,"
                     " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
@@ -281,7 +297,7 @@ class Store:
             children = [
                 (int(index), spec)
                 for index, spec in conn.execute(
-                    text(
+                    _sql(
                         "SELECT index, spec FROM dtask_children WHERE run_id = :id"
                         " AND state IN ('pending', 'running') ORDER BY index"
                     ),
@@ -290,7 +306,7 @@ class Store:
             ]
             send(run, children)
             conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_runs SET state = 'running', updated_at = now()"
                     " WHERE id = :id AND state = 'splitting'"
                 ),
@@ -322,7 +338,7 @@ class Store:
                 self._set_run_state(conn, run_id, RunState.PENDING)
                 return RunState.PENDING
             conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children SET state = 'pending', attempt = 0, error = NULL,"
                     " finished_at = NULL, updated_at = now()"
                     " WHERE run_id = :id AND state = 'failed'"
@@ -330,7 +346,7 @@ class Store:
                 {"id": run_id},
             )
             conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_runs SET state = 'splitting', error = NULL, finished_at = NULL,"
                     " dispatches = dispatches + 1,"
                     " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
@@ -362,7 +378,7 @@ class Store:
     ) -> bool:
         finished = "now()" if state.finished else "NULL"
         result = conn.execute(
-            text(
+            _sql(
                 f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
                 " updated_at = now() WHERE id = :id AND state = ANY(:sources)"
             ),
@@ -373,7 +389,7 @@ class Store:
     @staticmethod
     def _failure_summary(conn: Connection, run_id: int) -> str:
         failed = conn.execute(
-            text(
+            _sql(
                 "SELECT index AS child, error, count(*) OVER () AS n FROM dtask_children"
                 " WHERE run_id = :id AND state = 'failed' ORDER BY index LIMIT 3"
             ),
@@ -386,7 +402,7 @@ class Store:
     @staticmethod
     def _counts(conn: Connection, run_id: int) -> ChildCounts:
         rows = conn.execute(
-            text(
+            _sql(
                 "SELECT state, count(*) AS n FROM dtask_children WHERE run_id = :id GROUP BY state"
             ),
             {"id": run_id},
@@ -396,7 +412,7 @@ class Store:
     def status(self, run_id: int) -> RunStatus:
         with self._tx() as conn:
             row = conn.execute(
-                text(f"SELECT {_RUN_COLUMNS} FROM dtask_runs WHERE id = :id"), {"id": run_id}
+                _sql(f"SELECT {_RUN_COLUMNS} FROM dtask_runs WHERE id = :id"), {"id": run_id}
             ).first()
             if row is None:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
@@ -407,14 +423,14 @@ class Store:
         where = "" if schedule is None else "WHERE schedule = :schedule"
         with self._tx() as conn:
             rows = conn.execute(
-                text(
+                _sql(
                     f"SELECT {_RUN_COLUMNS} FROM dtask_runs {where} ORDER BY id DESC LIMIT :limit"
                 ),
                 {"limit": limit, "schedule": schedule},
             ).all()
             counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
             for c in conn.execute(
-                text(
+                _sql(
                     "SELECT run_id, state, count(*) AS n FROM dtask_children"
                     " WHERE run_id = ANY(:ids) GROUP BY run_id, state"
                 ),
@@ -426,10 +442,13 @@ class Store:
     # --- children -----------------------------------------------------------------------
 
     def claim_child(self, run_id: int, index: int, owner: str, lease_ttl: float) -> Claim | Refusal:
-        """Take the child (pending, or running with an expired lease): the fence moves."""
-        with self._tx() as conn:
+        """Take the child (pending, or running with an expired lease): the fence moves.
+
+        Every statement here is conditional on its own, so each commits by itself: no
+        transaction round trips on the path every child takes."""
+        with self._tx(autocommit=True, lease=True) as conn:
             row = conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children SET state = 'running', attempt = attempt + 1,"
                     " fence = fence + 1, owner = :owner,"
                     " lease_expires_at = now() + make_interval(secs => :ttl),"
@@ -452,7 +471,7 @@ class Store:
                     checkpoint=row.checkpoint,
                 )
             current = conn.execute(
-                text(
+                _sql(
                     "SELECT c.id, c.state, c.attempt, c.max_attempts, c.error,"
                     " coalesce(c.lease_expires_at > now(), false) AS leased,"
                     " r.state IN ('splitting', 'running') AS run_active"
@@ -474,7 +493,7 @@ class Store:
                 return Refusal(reason, current.error)
             error = _exhausted(current.attempt, current.error)
             failed = conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
                     " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
                     " WHERE id = :id AND attempt >= max_attempts"
@@ -486,12 +505,14 @@ class Store:
                 return Refusal(ClaimRefusal.FAILED, error)
             return Refusal(ClaimRefusal.BUSY)
 
-    def _fenced_update(self, claim: Claim, assignments: str, **params: Any) -> None:
+    def _fenced_update(
+        self, claim: Claim, assignments: str, durable: bool = False, **params: Any
+    ) -> None:
         """Write to a child we own: only while its fence is ours and it is running.
         A stale owner matches no row and gets LeaseLost."""
-        with self._tx(autocommit=True) as conn:
+        with self._tx(autocommit=True, lease=not durable) as conn:
             result = conn.execute(
-                text(
+                _sql(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                 ),
@@ -506,6 +527,7 @@ class Store:
             claim,
             "checkpoint = CAST(:cp AS jsonb),"
             " lease_expires_at = now() + make_interval(secs => :ttl)",
+            durable=True,  # a resumed child starts from here: it must survive a crash
             cp=json.dumps(state),
             ttl=lease_ttl,
         )
@@ -522,9 +544,9 @@ class Store:
 
     def fail_attempt(self, claim: Claim, error: str) -> ChildState:
         """Record a failed attempt: back to pending for a retry, or failed when none are left."""
-        with self._tx(autocommit=True) as conn:
+        with self._tx(autocommit=True, lease=True) as conn:
             row = conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children SET"
                     " state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,"
                     " error = CASE WHEN attempt >= max_attempts"
@@ -544,9 +566,9 @@ class Store:
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
         None when the fence has moved (we lost the child)."""
-        with self._tx(autocommit=True) as conn:
+        with self._tx(autocommit=True, lease=True) as conn:
             row = conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children c"
                     " SET lease_expires_at = now() + make_interval(secs => :ttl)"
                     " FROM dtask_runs r WHERE c.id = :id AND c.fence = :fence"
@@ -570,7 +592,7 @@ class Store:
     def child_error(self, run_id: int, index: int) -> str | None:
         with self._tx() as conn:
             row = conn.execute(
-                text("SELECT error FROM dtask_children WHERE run_id = :run AND index = :index"),
+                _sql("SELECT error FROM dtask_children WHERE run_id = :run AND index = :index"),
                 {"run": run_id, "index": index},
             ).first()
         return None if row is None else row.error
@@ -589,12 +611,12 @@ class Store:
         try:
             with self._tx() as conn:
                 conn.execute(
-                    text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
+                    _sql("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
                     {"ms": str(int(hold_for * 1000))},
                 )
                 yield bool(
                     conn.execute(
-                        text("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
+                        _sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
                     ).scalar()
                 )
         except InternalError as exc:
@@ -613,7 +635,7 @@ class Store:
         """
         with self._tx() as conn:
             rows = conn.execute(
-                text(
+                _sql(
                     "UPDATE dtask_children c SET state = 'pending', owner = NULL,"
                     " lease_expires_at = NULL, updated_at = now()"
                     " FROM dtask_runs r WHERE c.id IN ("
@@ -633,7 +655,7 @@ class Store:
         by a worker that died). Heartbeats do not count as change."""
         with self._tx() as conn:
             rows = conn.execute(
-                text(
+                _sql(
                     "SELECT r.id, r.queue FROM dtask_runs r WHERE r.state = 'running'"
                     " AND r.updated_at < now() - make_interval(secs => :stall)"
                     " AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
@@ -651,10 +673,10 @@ class Store:
         to once per stall period."""
         with self._tx() as conn:
             conn.execute(
-                text("UPDATE dtask_runs SET updated_at = now() WHERE id = :id"), {"id": run_id}
+                _sql("UPDATE dtask_runs SET updated_at = now() WHERE id = :id"), {"id": run_id}
             )
             rows = conn.execute(
-                text(
+                _sql(
                     "SELECT c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
                     " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
                     " WHERE c.run_id = :id AND c.state = 'pending' ORDER BY c.index LIMIT :limit"
@@ -669,7 +691,7 @@ class Store:
         message is lost."""
         with self._tx() as conn:
             rows = conn.execute(
-                text(
+                _sql(
                     "SELECT id, state FROM dtask_runs WHERE state IN ('pending', 'splitting')"
                     " AND updated_at < now() - make_interval(secs => :stall) ORDER BY id LIMIT 100"
                 ),
@@ -682,7 +704,7 @@ class Store:
         chord callback never ran (lost with its worker, or Redis lost the chord's counts)."""
         with self._tx() as conn:
             rows = conn.execute(
-                text(
+                _sql(
                     "SELECT r.id FROM dtask_runs r WHERE r.state = 'running'"
                     " AND NOT EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
                     "   AND c.state IN ('pending', 'running'))"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 
@@ -21,18 +24,20 @@ class Heartbeat:
     at its next step. ``stop_requested`` is set when the run is no longer running (cancelled).
     A database that cannot be reached is retried at the next beat: if it stays away past the
     lease, fencing still holds.
+
+    One thread per process does the beating: starting and joining a thread per child costs
+    more than a short child itself.
     """
 
     def __init__(self, renew: Callable[[], RunState | None], interval: float, name: str) -> None:
         self._renew = renew
-        self._interval = interval
-        self._stop = threading.Event()
+        self.interval = interval
+        self.name = name
         self.lost = threading.Event()
         self.stop_requested = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {name}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _beater().add(self)
         return self
 
     def __exit__(
@@ -41,18 +46,96 @@ class Heartbeat:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        self._thread.join()
+        _beater().remove(self)
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self._interval):
+    def beat(self) -> bool:
+        """Renew once; False when there is nothing more to renew (the child was lost)."""
+        try:
+            state = self._renew()
+        except DtaskError as exc:
+            log.warning("heartbeat of %s failed, retrying: %s", self.name, exc)
+            return True
+        if state is None:
+            self.lost.set()
+            return False
+        if state is not RunState.RUNNING and state is not RunState.SPLITTING:
+            self.stop_requested.set()
+        return True
+
+
+class _Beater:
+    """The process's heartbeat thread: renews each registered Heartbeat when it is due."""
+
+    def __init__(self) -> None:
+        self._due: dict[Heartbeat, float] = {}
+        self._beating: Heartbeat | None = None
+        self._wake_at = math.inf
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="dtask-heartbeat", daemon=True)
+        self._thread.start()
+
+    def add(self, beat: Heartbeat) -> None:
+        with self._changed:
+            due = self._due[beat] = time.monotonic() + beat.interval
+            if due < self._wake_at:  # else the thread wakes in time anyway: no switch per child
+                self._changed.notify()
+
+    def remove(self, beat: Heartbeat) -> None:
+        """Stop renewing ``beat``; returns once no renewal of it is in flight."""
+        with self._changed:
+            self._due.pop(beat, None)
+            while self._beating is beat:
+                self._changed.wait()
+
+    def _loop(self) -> None:
+        while True:
+            beat = self._next_due()
             try:
-                state = self._renew()
-            except DtaskError as exc:
-                log.warning("heartbeat failed, retrying: %s", exc)
-                continue
-            if state is None:
-                self.lost.set()
-                return
-            if state is not RunState.RUNNING and state is not RunState.SPLITTING:
-                self.stop_requested.set()
+                keep = beat.beat()
+            except Exception:  # never let one child's surprise stop every child's heartbeat
+                log.exception("heartbeat of %s failed", beat.name)
+                keep = True
+            with self._changed:
+                self._beating = None
+                if beat in self._due:
+                    if keep:
+                        self._due[beat] = time.monotonic() + beat.interval
+                    else:
+                        del self._due[beat]
+                self._changed.notify_all()
+
+    def _next_due(self) -> Heartbeat:
+        with self._changed:
+            while True:
+                if not self._due:
+                    self._wake_at = math.inf
+                    self._changed.wait()
+                    continue
+                beat, due = min(self._due.items(), key=lambda item: item[1])
+                wait = due - time.monotonic()
+                if wait <= 0:
+                    self._beating = beat
+                    return beat
+                self._wake_at = due
+                self._changed.wait(wait)
+
+
+_the_beater: tuple[int, _Beater] | None = None
+_lock = threading.Lock()
+
+
+def _beater() -> _Beater:
+    # Per process: a forked pool process does not inherit the parent's thread.
+    global _the_beater
+    with _lock:
+        if _the_beater is None or _the_beater[0] != os.getpid():
+            _the_beater = (os.getpid(), _Beater())
+        return _the_beater[1]
+
+
+def _reset_after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

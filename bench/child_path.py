@@ -1,0 +1,65 @@
+"""The dtask side of one trivial child, in process and without Celery: claim, heartbeat
+registration, context, finish. What the pool process pays on top of raw Celery per child.
+
+    .venv/bin/python -m bench.child_path [--n 3000] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+from bench import procs
+from bench.cluster import prepare_environment
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=3000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    prepare_environment()
+    from dtask import embedded, services
+    from dtask.templates import registry
+    from dtask.worker import configure, tasks
+
+    configure()
+    store = services.store()
+    try:
+        run_id, _ = store.create_run("bench_noop", "child-path", {"n": args.n}, 3, None)
+        store.split_run(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
+        store.dispatch_run(run_id, lambda run, children: None)  # no broker: call the task body
+
+        def children(indexes: range) -> None:
+            for i in indexes:
+                tasks.child.run(run_id, i, "bench_noop", {"a": i + 1, "b": i + 1})
+
+        warm = args.n // 10
+        children(range(warm))
+        timed = range(warm, args.n)
+        profiler = cProfile.Profile() if args.profile else None
+        before = procs.snapshot({})
+        start = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        children(timed)
+        if profiler:
+            profiler.disable()
+        seconds = time.perf_counter() - start
+        cpu = procs.cpu_by_role(before, procs.snapshot({}))
+        per = {role: f"{1e6 * s / len(timed):.0f} us" for role, s in cpu.items()}
+        print(f"{1e6 * seconds / len(timed):.0f} us wall per child; CPU per child: {per}")
+        if profiler:
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    finally:
+        embedded.stop(Path(os.environ["DTASK_HOME"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
