@@ -58,7 +58,9 @@ class Pass:
         except DtaskError as exc:
             # Decide nothing: the slots stay due, so another beat that knows the template
             # (a rolling deploy) runs them, or the misfire policy handles them once fixed.
-            return _failed(schedule, f"slot {iso(tick.fire[-1])} not run: {exc}")
+            # Name the stable start of the due slots, not the latest: the same error must
+            # read the same on every pass, or it is logged and written once a second.
+            return _failed(schedule, f"slots after {iso(schedule.decided_until)} not run: {exc}")
         _explain(schedule, tick)
         return Firing(runs, tick.decided_until, tick.buffered)
 
