@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from psycopg.errors import IdleInTransactionSessionTimeout
 from sqlalchemy import Connection, Row, text
-from sqlalchemy.exc import InternalError
 
 from dtask.db.store import NewRun, Store, insert_run
 from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
@@ -137,37 +135,29 @@ class ScheduleStore(Store):
         with their slot's trigger key (a key that exists is not inserted again).
         """
         fired = Fired()
-        try:
-            with self._tx() as conn:
-                conn.execute(
-                    text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
-                    {"ms": str(int(hold_for * 1000))},
+        paused = DtaskError(
+            "the beat's pass was held past its limit (this beat was paused); nothing of"
+            " it was recorded, the next pass decides again"
+        )
+        with self._held(hold_for, paused) as conn:
+            now = conn.execute(text("SELECT now()")).scalar_one()
+            rows = conn.execute(
+                text(
+                    f"SELECT {_COLUMNS}, coalesce(r.state IN ('pending', 'splitting',"
+                    " 'running'), false) AS previous_running FROM dtask_schedules s"
+                    " LEFT JOIN dtask_runs r ON r.id = s.last_run_id WHERE s.enabled"
+                    " ORDER BY s.id FOR UPDATE OF s SKIP LOCKED"
                 )
-                now = conn.execute(text("SELECT now()")).scalar_one()
-                rows = conn.execute(
-                    text(
-                        f"SELECT {_COLUMNS}, coalesce(r.state IN ('pending', 'splitting',"
-                        " 'running'), false) AS previous_running FROM dtask_schedules s"
-                        " LEFT JOIN dtask_runs r ON r.id = s.last_run_id WHERE s.enabled"
-                        " ORDER BY s.id FOR UPDATE OF s SKIP LOCKED"
-                    )
-                ).all()
-                for row in rows:
-                    try:
-                        schedule = _schedule(row)
-                    except DtaskError as exc:  # e.g. a time zone this host does not know
-                        error = f"cannot be read by this beat: {exc}"
-                        firing = Firing([], row.decided_until, row.buffered_slot, error)
-                    else:
-                        firing = decide(schedule, now, bool(row.previous_running))
-                    self._record(conn, row.name, firing, fired)
-        except InternalError as exc:
-            if not isinstance(exc.orig, IdleInTransactionSessionTimeout):
-                raise
-            raise DtaskError(
-                "the beat's pass was held past its limit (this beat was paused); nothing of"
-                " it was recorded, the next pass decides again"
-            ) from None
+            ).all()
+            for row in rows:
+                try:
+                    schedule = _schedule(row)
+                except DtaskError as exc:  # e.g. a time zone this host does not know
+                    error = f"cannot be read by this beat: {exc}"
+                    firing = Firing([], row.decided_until, row.buffered_slot, error)
+                else:
+                    firing = decide(schedule, now, bool(row.previous_running))
+                self._record(conn, row.name, firing, fired)
         return fired
 
     @staticmethod

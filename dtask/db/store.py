@@ -600,32 +600,40 @@ class Store:
     # --- the reaper ---------------------------------------------------------------------
 
     @contextmanager
-    def reaper_turn(self, hold_for: float) -> Iterator[bool]:
-        """True inside the block for one caller cluster-wide at a time.
-
-        A leader that hangs (SIGSTOP, swap, a paused VM) while holding the lock would block
-        failover everywhere: PostgreSQL ends its session once it has been idle in this
-        transaction for ``hold_for`` seconds, so a survivor takes over. Every reaper action is
-        conditional and idempotent, so a woken leader overlapping a new one is harmless.
-        """
+    def _held(self, hold_for: float, held_too_long: DtaskError) -> Iterator[Connection]:
+        """A transaction PostgreSQL ends once it has sat idle for ``hold_for`` seconds, so a
+        holder that hangs (SIGSTOP, swap, a paused VM) cannot keep its locks; the woken holder
+        gets ``held_too_long`` and nothing of its transaction is recorded."""
         try:
             with self._tx() as conn:
                 conn.execute(
                     _sql("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)"),
                     {"ms": str(int(hold_for * 1000))},
                 )
-                yield bool(
-                    conn.execute(
-                        _sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
-                    ).scalar()
-                )
+                yield conn
         except InternalError as exc:
             if not isinstance(exc.orig, IdleInTransactionSessionTimeout):
                 raise
-            raise LeaseLost(
-                "the reaper's turn ended: held past its limit (this worker was paused, or the"
-                " pass ran long); another worker reaps now"
-            ) from None
+            raise held_too_long from None
+
+    @contextmanager
+    def reaper_turn(self, hold_for: float) -> Iterator[bool]:
+        """True inside the block for one caller cluster-wide at a time.
+
+        A hung leader would block failover everywhere: it loses its turn after ``hold_for``
+        seconds idle (see ``_held``), so a survivor takes over. Every reaper action is
+        conditional and idempotent, so a woken leader overlapping a new one is harmless.
+        """
+        lost = LeaseLost(
+            "the reaper's turn ended: held past its limit (this worker was paused, or the"
+            " pass ran long); another worker reaps now"
+        )
+        with self._held(hold_for, lost) as conn:
+            yield bool(
+                conn.execute(
+                    _sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": _REAPER_NAMESPACE}
+                ).scalar()
+            )
 
     def release_expired(self, limit: int = 1000) -> list[Redispatch]:
         """Expired leases (their owner died or hung) -> pending again, to be re-sent at once.
