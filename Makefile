@@ -17,11 +17,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m dtask.demo
+	$(BIN)/python -m dtask.local.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check dtask tests migrations celeryconfig.py
 	$(BIN)/ruff format --check dtask tests migrations celeryconfig.py
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -24,16 +24,17 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     prepare_environment()
-    from dtask import embedded, services
-    from dtask.templates import registry
+    from dtask import services
+    from dtask.domain.templates import registry
+    from dtask.services import embedded
     from dtask.worker import configure, tasks
 
     configure()
     store = services.store()
     try:
-        run_id, _ = store.create_run("bench_noop", "child-path", {"n": args.n}, 3, None)
-        store.split_run(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
-        store.dispatch_run(run_id, lambda run, children: None)  # no broker: call the task body
+        run_id, _ = store.runs.create("bench_noop", "child-path", {"n": args.n}, 3, None)
+        store.runs.split(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
+        store.runs.dispatch(run_id, lambda run, children: None)  # no broker: call the task body
 
         def children(indexes: range) -> None:
             for i in indexes:

@@ -42,7 +42,8 @@ def main() -> int:
         PYTHONPATH=str(REPO),
     )
     import dtask
-    from dtask import embedded, services
+    from dtask import services
+    from dtask.services import embedded
 
     store = services.store()
     settings = services.current().settings

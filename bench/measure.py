@@ -98,7 +98,8 @@ def _peaks(peak: dict[int, tuple[str, int]]) -> dict[str, float]:
 
 
 def redis_client() -> redis.Redis:
-    from dtask import embedded, services
+    from dtask import services
+    from dtask.services import embedded
 
     return redis.Redis(
         unix_socket_path=str(embedded.redis_socket(services.current().settings.home))

@@ -65,7 +65,8 @@ class Clock:
 def main() -> int:
     args = _args()
     work = prepare_environment()
-    from dtask import embedded, services
+    from dtask import services
+    from dtask.services import embedded
 
     engine = services.store().engine
     workers = Workers(work)

@@ -1,7 +1,21 @@
-"""dtask: long jobs split into resumable child tasks, run by Celery, tracked in PostgreSQL."""
+"""dtask: long jobs split into resumable child tasks, run by Celery, tracked in PostgreSQL.
 
-from dtask.client import Run, get_run, submit
-from dtask.context import ChildContext
+The domain (templates, splitting, run states, schedules) is imported here as is; what needs
+the services (``submit``, ``Run``, the schedule functions) is imported on first use, so
+``import dtask`` (and any ``dtask.domain`` module) loads neither SQLAlchemy nor Celery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from dtask.domain.context import ChildContext
+from dtask.domain.params import Param
+from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
+from dtask.domain.schedules import Misfire, Overlap, Schedule
+from dtask.domain.splitting import RangeSplit, SplitStrategy
+from dtask.domain.templates import Template, registry, template, use_launcher
 from dtask.exceptions import (
     BrokerUnavailable,
     ChildFailed,
@@ -22,18 +36,57 @@ from dtask.exceptions import (
     UnknownTemplate,
     WaitTimeout,
 )
-from dtask.runs import ChildCounts, ChildState, RunState, RunStatus
-from dtask.schedules import Misfire, Overlap, Schedule
-from dtask.scheduling import (
-    add_schedule,
-    get_schedule,
-    list_schedules,
-    pause_schedule,
-    remove_schedule,
-    resume_schedule,
-)
-from dtask.splitting import RangeSplit, SplitStrategy
-from dtask.templates import Param, Template, registry, template
+
+if TYPE_CHECKING:
+    from dtask.client.runs import Run, get_run, submit
+    from dtask.client.schedules import (
+        add_schedule,
+        get_schedule,
+        list_schedules,
+        pause_schedule,
+        remove_schedule,
+        resume_schedule,
+    )
+
+_LAZY = {
+    "Run": "dtask.client.runs",
+    "get_run": "dtask.client.runs",
+    "submit": "dtask.client.runs",
+    "add_schedule": "dtask.client.schedules",
+    "get_schedule": "dtask.client.schedules",
+    "list_schedules": "dtask.client.schedules",
+    "pause_schedule": "dtask.client.schedules",
+    "remove_schedule": "dtask.client.schedules",
+    "resume_schedule": "dtask.client.schedules",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dtask' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+class _Client:
+    """The port through which ``Template.delay``/``submit``/``schedule`` reach the client."""
+
+    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> Run:
+        from dtask.client.runs import submit
+
+        return submit(template, variables, key=key)
+
+    def schedule(
+        self, name: str, template: str, variables: dict[str, Any], **timing: Any
+    ) -> Schedule:
+        from dtask.client.schedules import add_schedule
+
+        return add_schedule(name, template, variables, **timing)
+
+
+use_launcher(_Client())
 
 __all__ = [
     "BrokerUnavailable",

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from dtask.runs import RunStatus
+from dtask.domain.runs import RunStatus
 
 BAR_WIDTH = 30
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dtask import embedded, services
+from dtask import services
+from dtask.services import embedded
 
 REPO = Path(__file__).resolve().parents[1]
 DTASK = str(Path(sys.executable).with_name("dtask"))

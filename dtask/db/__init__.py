@@ -1,6 +1,18 @@
-"""Storage: SQLAlchemy models, engines and the store (the only SQL in dtask)."""
+"""Storage: SQLAlchemy models, engines, migrations and the store (the only SQL in dtask)."""
 
+from dtask.db.children import ChildView, Claim, Refusal
 from dtask.db.engine import engine_for
-from dtask.db.store import Claim, Redispatch, Refusal, RunRecord, Store
+from dtask.db.recovery import Redispatch
+from dtask.db.runs import NewRun, RunRecord
+from dtask.db.store import Store
 
-__all__ = ["Claim", "Redispatch", "Refusal", "RunRecord", "Store", "engine_for"]
+__all__ = [
+    "ChildView",
+    "Claim",
+    "NewRun",
+    "Redispatch",
+    "Refusal",
+    "RunRecord",
+    "Store",
+    "engine_for",
+]

@@ -25,8 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from dtask.runs import ChildState, RunState
-from dtask.schedules import Misfire, Overlap
+from dtask.domain.runs import ChildState, RunState
+from dtask.domain.schedules import Misfire, Overlap
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -1,4 +1,4 @@
-"""The Celery app. Tasks are registered at import; URLs are applied by ``configure``."""
+"""The Celery app. ``dtask.worker`` registers the tasks on it; ``configure`` applies the URLs."""
 
 from __future__ import annotations
 
@@ -23,6 +23,3 @@ def configure() -> Celery:
         app.conf.update(celery_settings(resolved.settings))
         _configured_for = resolved
     return app
-
-
-import dtask.worker.tasks  # noqa: E402,F401  (registers the tasks on ``app``)

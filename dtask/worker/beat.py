@@ -16,12 +16,12 @@ from typing import Any
 from celery.beat import Scheduler
 
 from dtask import services
-from dtask.client import send_master
-from dtask.db.schedule_store import Firing, ScheduleStore
-from dtask.db.store import NewRun
+from dtask.db import NewRun
+from dtask.db.schedules import Firing
+from dtask.domain.schedules import Schedule, Tick, iso, trigger_key
+from dtask.domain.templates import registry
 from dtask.exceptions import DtaskError
-from dtask.schedules import Schedule, Tick, iso, trigger_key
-from dtask.templates import registry
+from dtask.worker.dispatch import send_master
 
 log = logging.getLogger("dtask.beat")
 MAX_SLEEP = 1.0
@@ -112,7 +112,7 @@ def _explain(schedule: Schedule, tick: Tick) -> None:
 
 def beat_pass() -> float:
     """Run one pass; return the seconds to sleep before the next one."""
-    schedules = ScheduleStore(services.store().engine)
+    schedules = services.store().schedules
     current = Pass()
     try:
         fired = schedules.beat_pass(current.decide, hold_for=HOLD_FOR)

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
+from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
-from dtask.runs import RunState
 
 log = logging.getLogger("dtask.worker")
 

@@ -23,7 +23,8 @@ from dtask import services
 from dtask.exceptions import DtaskError
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.tasks import publish, run_master
+from dtask.worker.dispatch import publish
+from dtask.worker.tasks import run_master
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -50,29 +51,29 @@ def queue_size(queue: str) -> int:
 def reap_once() -> Pass:
     config = services.current().settings
     store = services.store()
-    with store.reaper_turn(hold_for=config.lease_ttl) as leader:
+    with store.recovery.turn(hold_for=config.lease_ttl) as leader:
         if not leader:
             return Pass(leader=False)
         finalized = 0
-        for run_id in store.unfinalized_runs(settled_for=CALLBACK_GRACE):
-            state = store.finalize_run(run_id)
+        for run_id in store.recovery.unfinalized_runs(settled_for=CALLBACK_GRACE):
+            state = store.runs.finalize(run_id)
             finalized += 1
             log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
-        expired = store.release_expired()
+        expired = store.recovery.release_expired()
         if expired:
             publish(expired)
             for c in expired:
                 log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
         unstuck = 0
-        for run_id, state in store.stuck_runs(config.stall_timeout):
+        for run_id, state in store.recovery.stuck_runs(config.stall_timeout):
             after = run_master(store, run_id, wait=False)
             if after is not state:
                 unstuck += 1
                 log.warning("reaper: run %s was stuck in %s, now %s", run_id, state, after)
         resent = 0
-        for run_id, queue in store.stalled_runs(config.stall_timeout):
+        for run_id, queue in store.recovery.stalled_runs(config.stall_timeout):
             if queue_size(queue or DEFAULT_QUEUE) == 0:
-                lost = store.pending_children(run_id)
+                lost = store.recovery.pending_children(run_id)
                 resent += publish(lost)
                 log.warning(
                     "reaper: run %s stalled, re-sent %d pending children", run_id, len(lost)

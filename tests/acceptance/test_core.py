@@ -87,7 +87,7 @@ def test_a_child_that_keeps_failing_fails_the_master_and_shows_as_failure_in_cel
     assert "child 1: gave up after 3 attempt(s): ValueError: item 15 is poison" in status.error
     assert sink_lines(sink, run.id, 1) == ["attempt 1", "attempt 2", "attempt 3"]
     app = configure()
-    group = services.store().run(run.id).group_id
+    group = services.store().runs.get(run.id).group_id
     assert app.AsyncResult(f"{group}.1").state == "FAILURE"
     assert app.AsyncResult(f"{group}.0").state == "SUCCESS"
 
@@ -109,7 +109,7 @@ def test_duplicated_master_messages_split_and_dispatch_once(
 ) -> None:
     app = configure()
     store = services.store()
-    run_id, _ = store.create_run(
+    run_id, _ = store.runs.create(
         "flaky_range", f"dup-{uuid.uuid4()}", {"n": 500, "fail_at": 0}, 3, None
     )
     for _ in range(3):

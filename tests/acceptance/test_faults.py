@@ -21,8 +21,9 @@ import pytest
 from sqlalchemy import Connection, text
 
 import dtask
-from dtask import embedded, services
+from dtask import services
 from dtask.db.store import _LOCK_NAMESPACE
+from dtask.services import embedded
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
 
@@ -197,7 +198,7 @@ def test_3_master_killed_after_inserting_children_before_sending_the_chord(
     wait_for(lambda: _run_lock_sessions(run_id, granted=True), 20, "the master to split")
     held = _hold_run_lock(run_id)
     try:
-        assert services.store().run(run_id).state.value == "splitting"
+        assert services.store().runs.get(run_id).state.value == "splitting"
         assert dtask.get_run(run_id).status().children.total == 5
         waiters = wait_for(lambda: _advisory_waiters(run_id), 20, "the master to block")
         cluster.kill_worker(cluster.worker_of(waiters[0]))
@@ -212,7 +213,7 @@ def test_3_master_killed_after_inserting_children_before_sending_the_chord(
 
 def test_4_the_chord_callback_is_lost_with_its_worker(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=40, delay=0.02)
-    wait_for(lambda: services.store().run(run_id).state.value == "running", 20, "dispatch")
+    wait_for(lambda: services.store().runs.get(run_id).state.value == "running", 20, "dispatch")
     held = _hold_run_lock(run_id)
     try:
         wait_for(lambda: dtask.get_run(run_id).status().children.succeeded == 2, 30, "children")

@@ -115,7 +115,7 @@ def test_two_beats_one_killed_fire_every_slot_exactly_once(
     latest = runs_of(name)[-1].id
     active = next(b for b in beats if f"triggered run {latest}\n" in b.output())
     active.kill()
-    killed_at = services.store().status(latest).created_at
+    killed_at = services.store().runs.status(latest).created_at
     time.sleep(15)
     assert dtask(dtask_env, "schedule", "pause", name).returncode == 0
     time.sleep(1)

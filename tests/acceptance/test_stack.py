@@ -40,7 +40,7 @@ def get(url: str, auth: str | None = AUTH) -> Any:
 
 @pytest.fixture
 def flower(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    from dtask.stack import free_port
+    from dtask.local.stack import free_port
 
     port = free_port(5599)
     log = (tmp_path / "flower.log").open("wb")
@@ -149,7 +149,7 @@ def test_the_demo_survives_its_sigkill_and_prints_plain_lines_without_a_tty(
     env = {**dtask_env, "DTASK_HOME": str(tmp_path / "home")}
     env.pop("DTASK_TEMPLATES")
     result = subprocess.run(
-        [str(Path(DTASK).with_name("python")), "-m", "dtask.demo", "-n", "300000"],
+        [str(Path(DTASK).with_name("python")), "-m", "dtask.local.demo", "-n", "300000"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     out = result.stdout

@@ -12,7 +12,8 @@ from celery import Celery
 
 import dtask
 from dtask import services
-from dtask.worker.tasks import child, child_task_id, chord_callback
+from dtask.worker.dispatch import child_task_id, chord_callback
+from dtask.worker.tasks import child
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def test_a_run_completes_through_the_chord_and_late_duplicates_change_nothing(
     assert status.state is dtask.RunState.SUCCEEDED
     assert status.children.succeeded == 4
 
-    record = services.store().run(run.id)
+    record = services.store().runs.get(run.id)
     assert record.group_id is not None
     # A late copy of a finished child: same id and chord options, as a redelivery would be.
     late = child.apply_async(

@@ -10,8 +10,8 @@ import pytest
 
 from dtask import services
 from dtask.db import Claim, Refusal, RunRecord, Store
+from dtask.domain.runs import ChildState, ClaimRefusal, RunState
 from dtask.exceptions import KeyConflict, LeaseLost, RunNotFound
-from dtask.runs import ChildState, ClaimRefusal, RunState
 
 
 @pytest.fixture
@@ -20,35 +20,35 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 
 def new_run(store: Store, children: int = 3, max_attempts: int = 2) -> int:
-    run_id, created = store.create_run(
+    run_id, created = store.runs.create(
         "t", f"test:{uuid.uuid4()}", {"n": children}, max_attempts, None
     )
     assert created
-    state = store.split_run(run_id, lambda run: [{"i": i} for i in range(children)])
+    state = store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
     assert state is RunState.SPLITTING
     return run_id
 
 
 def claim(store: Store, run_id: int, index: int = 0, ttl: float = 30) -> Claim:
-    taken = store.claim_child(run_id, index, "me", ttl)
+    taken = store.children.claim(run_id, index, "me", ttl)
     assert isinstance(taken, Claim), taken
     return taken
 
 
 def test_same_key_returns_the_same_run(store: Store) -> None:
     key = f"test:{uuid.uuid4()}"
-    first, created = store.create_run("t", key, {"n": 1}, 3, None)
-    second, created_again = store.create_run("t", key, {"n": 1}, 3, None)
+    first, created = store.runs.create("t", key, {"n": 1}, 3, None)
+    second, created_again = store.runs.create("t", key, {"n": 1}, 3, None)
     assert (first, created) == (second, True) and created_again is False
     with pytest.raises(KeyConflict, match="already triggered run"):
-        store.create_run("t", key, {"n": 2}, 3, None)
+        store.runs.create("t", key, {"n": 2}, 3, None)
 
 
 def test_concurrent_triggers_of_one_key_create_one_run(store: Store) -> None:
     key = f"test:{uuid.uuid4()}"
     results: list[tuple[int, bool]] = []
     threads = [
-        threading.Thread(target=lambda: results.append(store.create_run("t", key, {}, 3, None)))
+        threading.Thread(target=lambda: results.append(store.runs.create("t", key, {}, 3, None)))
         for _ in range(8)
     ]
     for t in threads:
@@ -60,7 +60,7 @@ def test_concurrent_triggers_of_one_key_create_one_run(store: Store) -> None:
 
 
 def test_split_happens_once_even_when_the_master_runs_twice(store: Store) -> None:
-    run_id, _ = store.create_run("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
     calls: list[int] = []
     barrier = threading.Barrier(4)
 
@@ -70,7 +70,7 @@ def test_split_happens_once_even_when_the_master_runs_twice(store: Store) -> Non
 
     def master() -> None:
         barrier.wait()
-        store.split_run(run_id, plan)
+        store.runs.split(run_id, plan)
 
     threads = [threading.Thread(target=master) for _ in range(4)]
     for t in threads:
@@ -78,8 +78,8 @@ def test_split_happens_once_even_when_the_master_runs_twice(store: Store) -> Non
     for t in threads:
         t.join()
     assert calls == [run_id]
-    assert store.status(run_id).children.total == 5
-    assert store.run(run_id).state is RunState.SPLITTING
+    assert store.runs.status(run_id).children.total == 5
+    assert store.runs.get(run_id).state is RunState.SPLITTING
 
 
 def test_dispatch_sends_once_and_resends_after_a_crash(store: Store) -> None:
@@ -91,35 +91,35 @@ def test_dispatch_sends_once_and_resends_after_a_crash(store: Store) -> None:
         raise RuntimeError("master died mid-send")
 
     with pytest.raises(RuntimeError):
-        store.dispatch_run(run_id, crash)
-    assert store.run(run_id).state is RunState.SPLITTING
+        store.runs.dispatch(run_id, crash)
+    assert store.runs.get(run_id).state is RunState.SPLITTING
 
     def send(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
         sent.append((str(run.group_id), [i for i, _ in children]))
 
-    assert store.dispatch_run(run_id, send) is RunState.RUNNING
-    assert store.dispatch_run(run_id, send) is RunState.RUNNING  # redelivered: no-op
+    assert store.runs.dispatch(run_id, send) is RunState.RUNNING
+    assert store.runs.dispatch(run_id, send) is RunState.RUNNING  # redelivered: no-op
     assert sent == [(f"dtask-{run_id}-1", [0, 1, 2])] * 2
-    assert store.run(run_id).group_id == f"dtask-{run_id}-1"
+    assert store.runs.get(run_id).group_id == f"dtask-{run_id}-1"
 
 
 def test_a_plan_error_fails_the_run_with_its_message(store: Store) -> None:
     from dtask.exceptions import InvalidSplit
 
-    run_id, _ = store.create_run("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
 
     def bad(run: RunRecord) -> list[dict[str, Any]]:
         raise InvalidSplit("no children")
 
-    assert store.split_run(run_id, bad) is RunState.FAILED
-    status = store.status(run_id)
+    assert store.runs.split(run_id, bad) is RunState.FAILED
+    status = store.runs.status(run_id)
     assert status.error == "no children" and status.finished_at is not None
 
 
 def test_fencing_rejects_a_stale_owner(store: Store) -> None:
     run_id = new_run(store)
     old = claim(store, run_id, ttl=0.001)
-    busy = store.claim_child(run_id, 1, "other", 30)
+    busy = store.children.claim(run_id, 1, "other", 30)
     assert isinstance(busy, Claim)  # other children are unaffected
     import time
 
@@ -127,33 +127,33 @@ def test_fencing_rejects_a_stale_owner(store: Store) -> None:
     new = claim(store, run_id)
     assert new.fence == old.fence + 1 and new.attempt == 2
     with pytest.raises(LeaseLost):
-        store.checkpoint(old, {"done": 5}, 30)
+        store.children.checkpoint(old, {"done": 5}, 30)
     with pytest.raises(LeaseLost):
-        store.finish_child(old, None)
-    store.checkpoint(new, {"done": 7}, 30)
-    store.finish_child(new, {"done": 9})
-    assert store.status(run_id).children.succeeded == 1
+        store.children.finish(old, None)
+    store.children.checkpoint(new, {"done": 7}, 30)
+    store.children.finish(new, {"done": 9})
+    assert store.runs.status(run_id).children.succeeded == 1
 
 
 def test_a_live_lease_is_not_taken_and_a_done_child_is_reported_again(store: Store) -> None:
     run_id = new_run(store)
     first = claim(store, run_id)
-    refused = store.claim_child(run_id, 0, "dup", 30)
+    refused = store.children.claim(run_id, 0, "dup", 30)
     assert isinstance(refused, Refusal) and refused.reason is ClaimRefusal.BUSY
-    store.finish_child(first, None)
-    again = store.claim_child(run_id, 0, "dup", 30)
+    store.children.finish(first, None)
+    again = store.children.claim(run_id, 0, "dup", 30)
     assert isinstance(again, Refusal) and again.reason is ClaimRefusal.DONE
 
 
 def test_failed_attempts_retry_then_fail_for_good(store: Store) -> None:
     run_id = new_run(store, max_attempts=2)
     first = claim(store, run_id)
-    store.checkpoint(first, {"done": 3}, 30)
-    assert store.fail_attempt(first, "ValueError: one") is ChildState.PENDING
+    store.children.checkpoint(first, {"done": 3}, 30)
+    assert store.children.fail_attempt(first, "ValueError: one") is ChildState.PENDING
     second = claim(store, run_id)
     assert second.checkpoint == {"done": 3}  # resume, don't restart
-    assert store.fail_attempt(second, "ValueError: two") is ChildState.FAILED
-    refused = store.claim_child(run_id, 0, "late", 30)
+    assert store.children.fail_attempt(second, "ValueError: two") is ChildState.FAILED
+    refused = store.children.claim(run_id, 0, "late", 30)
     assert isinstance(refused, Refusal) and refused.reason is ClaimRefusal.FAILED
     assert refused.error == "gave up after 2 attempt(s): ValueError: two"
 
@@ -166,47 +166,47 @@ def test_a_child_whose_process_keeps_dying_is_failed_when_attempts_run_out(store
     time.sleep(0.02)
     claim(store, run_id, ttl=0.001)
     time.sleep(0.02)
-    refused = store.claim_child(run_id, 0, "third", 30)
+    refused = store.children.claim(run_id, 0, "third", 30)
     assert isinstance(refused, Refusal) and refused.reason is ClaimRefusal.FAILED
     assert "gave up after 2 attempt(s)" in (refused.error or "")
 
 
 def test_finalize_waits_for_all_children_and_is_idempotent(store: Store) -> None:
     run_id = new_run(store, children=2)
-    store.dispatch_run(run_id, lambda run, children: None)
-    store.finish_child(claim(store, run_id, 0), None)
-    assert store.finalize_run(run_id) is RunState.RUNNING
+    store.runs.dispatch(run_id, lambda run, children: None)
+    store.children.finish(claim(store, run_id, 0), None)
+    assert store.runs.finalize(run_id) is RunState.RUNNING
     c = claim(store, run_id, 1)
-    store.fail_attempt(c, "boom")
-    store.fail_attempt(claim(store, run_id, 1), "boom again")
-    assert store.finalize_run(run_id) is RunState.FAILED
-    assert store.finalize_run(run_id) is RunState.FAILED
-    status = store.status(run_id)
+    store.children.fail_attempt(c, "boom")
+    store.children.fail_attempt(claim(store, run_id, 1), "boom again")
+    assert store.runs.finalize(run_id) is RunState.FAILED
+    assert store.runs.finalize(run_id) is RunState.FAILED
+    status = store.runs.status(run_id)
     assert status.error == "1 child task(s) failed: child 1: gave up after 2 attempt(s): boom again"
 
 
 def test_unsent_run_can_be_forgotten_and_unknown_runs_are_clear(store: Store) -> None:
-    run_id, _ = store.create_run("t", f"test:{uuid.uuid4()}", {}, 3, None)
-    store.forget_unsent_run(run_id)
+    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    store.runs.forget_unsent(run_id)
     with pytest.raises(RunNotFound, match=f"no run with id {run_id}"):
-        store.status(run_id)
+        store.runs.status(run_id)
 
 
 def test_statuses_lists_newest_first_with_counts(store: Store) -> None:
     run_id = new_run(store, children=4)
-    latest = store.statuses(limit=5)
+    latest = store.runs.statuses(limit=5)
     assert latest[0].id == run_id and latest[0].children.pending == 4
 
 
 def test_a_hung_reaper_leader_loses_its_turn_after_hold_for(store: Store) -> None:
     import time
 
-    with pytest.raises(LeaseLost, match="turn ended"), store.reaper_turn(hold_for=0.5) as first:
+    with pytest.raises(LeaseLost, match="turn ended"), store.recovery.turn(hold_for=0.5) as first:
         assert first
-        with store.reaper_turn(hold_for=0.5) as second:
+        with store.recovery.turn(hold_for=0.5) as second:
             assert not second  # one leader at a time
         time.sleep(1.5)  # the leader hangs, idle in its transaction: PostgreSQL ends it
-        with store.reaper_turn(hold_for=0.5) as third:
+        with store.recovery.turn(hold_for=0.5) as third:
             assert third  # a survivor takes over
-    with store.reaper_turn(hold_for=0.5) as again:
+    with store.recovery.turn(hold_for=0.5) as again:
         assert again

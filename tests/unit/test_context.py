@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dtask.context import ChildContext
+from dtask.domain.context import ChildContext
 from dtask.exceptions import LeaseLost
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import io
 from datetime import UTC, datetime
 
+from dtask.domain.runs import ChildCounts, RunState, RunStatus
 from dtask.progress import Progress, describe
-from dtask.runs import ChildCounts, RunState, RunStatus
 
 
 def status(done: int, total: int, state: RunState = RunState.RUNNING) -> RunStatus:

@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dtask.runs import (
+from dtask.domain.runs import (
     ChildCounts,
     ChildState,
     ClaimRefusal,

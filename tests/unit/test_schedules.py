@@ -8,8 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from dtask.exceptions import InvalidSchedule
-from dtask.schedules import (
+from dtask.domain.schedules import (
     Cron,
     Misfire,
     Overlap,
@@ -19,6 +18,7 @@ from dtask.schedules import (
     make_timing,
     trigger_key,
 )
+from dtask.exceptions import InvalidSchedule
 
 
 def local(text: str, tz: str) -> datetime:

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dtask.domain.splitting import RangeSplit, check_ranges
 from dtask.exceptions import InvalidSplit, InvalidVariables
-from dtask.splitting import RangeSplit, check_ranges
 
 
 @given(

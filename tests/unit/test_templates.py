@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 import dtask
-from dtask.templates import Param, Registry, Template, placeholders, render
+from dtask.domain.templates import Param, Registry, Template, placeholders, render
 
 
 def _noop(ctx: dtask.ChildContext, **spec: Any) -> None:

@@ -9,10 +9,10 @@ import importlib
 import threading
 from dataclasses import dataclass
 
-from dtask import embedded
 from dtask import settings as settings_module
 from dtask.db import Store, engine_for, schema
 from dtask.exceptions import ConfigurationError
+from dtask.services import embedded
 from dtask.settings import Settings
 
 

@@ -16,13 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import text
-
 from dtask import services
+from dtask.domain.runs import RunState, RunStatus
 from dtask.exceptions import DtaskError
+from dtask.local.stack import Child, Stack
 from dtask.progress import Progress
-from dtask.runs import RunState, RunStatus
-from dtask.stack import Child, Stack
 
 CHUNK = 1000  # print_range's children each print this many numbers
 _PRINTED = re.compile(rb"\] (\d+)\n")
@@ -34,28 +32,16 @@ def say(line: str) -> None:
 
 def running_child(run_id: int) -> tuple[int, int, int] | None:
     """(index, owner pid, items done) of a running child with progress, if any."""
-    with services.store().engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT index AS child, owner, checkpoint FROM dtask_children WHERE run_id = :r"
-                " AND state = 'running' AND checkpoint IS NOT NULL ORDER BY index LIMIT 1"
-            ),
-            {"r": run_id},
-        ).first()
-    if row is None or row.owner is None:
+    child = services.store().children.first_checkpointed_running(run_id)
+    if child is None or child.owner is None:
         return None
-    return int(row.child), int(row.owner.rsplit(":", 1)[1]), int(row.checkpoint["done"])
+    return child.index, int(child.owner.rsplit(":", 1)[1]), int(child.checkpoint["done"])
 
 
 def child_attempt(run_id: int, index: int) -> tuple[str, int, str | None]:
-    with services.store().engine.connect() as conn:
-        row = conn.execute(
-            text(
-                "SELECT state, attempt, owner FROM dtask_children WHERE run_id = :r AND index = :i"
-            ),
-            {"r": run_id, "i": index},
-        ).one()
-    return str(row.state), int(row.attempt), row.owner
+    child = services.store().children.view(run_id, index)
+    assert child is not None
+    return child.state.value, child.attempt, child.owner
 
 
 class Chaos:
@@ -143,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in stack.describe():
             say(line)
 
-        from dtask.client import submit
+        from dtask.client.runs import submit
 
         began = time.monotonic()
         run = submit("print_range", {"n": args.n})

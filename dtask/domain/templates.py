@@ -1,6 +1,8 @@
 """Templates: typed parameters, a skeleton with ``${name}`` placeholders, a split, a child.
 
-Pure: no Celery, no SQL. ``Template.delay``/``submit`` reach the client lazily.
+Pure: no Celery, no SQL. ``Template.delay``/``submit``/``schedule`` reach the client through
+a port (``Launcher``) that the ``dtask`` package installs, so this module imports nothing
+above the domain.
 """
 
 from __future__ import annotations
@@ -9,17 +11,23 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dtask.exceptions import InvalidVariables, TemplateDefinitionError, UnknownTemplate
-from dtask.splitting import SplitStrategy, check_count, check_specs
+from dtask.domain.params import Param, as_param
+from dtask.domain.splitting import SplitStrategy, check_count, check_specs
+from dtask.exceptions import (
+    ConfigurationError,
+    InvalidVariables,
+    TemplateDefinitionError,
+    UnknownTemplate,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from dtask.client import Run
-    from dtask.context import ChildContext
-    from dtask.schedules import Schedule
+    from dtask.domain.context import ChildContext
+    from dtask.domain.runs import RunHandle
+    from dtask.domain.schedules import Schedule
 
 JSON = Any
 ChildFunction = Callable[..., None]
@@ -27,76 +35,6 @@ ChildFunction = Callable[..., None]
 _PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 _WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
-_PARAM_TYPES: dict[type, str] = {int: "int", float: "float", str: "str", bool: "bool"}
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
-
-
-@dataclass(frozen=True)
-class Param:
-    """A typed template parameter, optionally bounded and optional."""
-
-    type: type
-    min: float | None = None
-    max: float | None = None
-    default: Any = None
-    required: bool = True
-
-    def __post_init__(self) -> None:
-        if self.type not in _PARAM_TYPES:
-            supported = ", ".join(_PARAM_TYPES.values())
-            raise TemplateDefinitionError(
-                f"parameter type {self.type!r} is not supported (use one of {supported})"
-            )
-        if self.default is not None:
-            object.__setattr__(self, "required", False)
-
-    @property
-    def type_name(self) -> str:
-        return _PARAM_TYPES[self.type]
-
-    def check(self, name: str, value: Any) -> Any:
-        """Return the value if it has this parameter's type and bounds; raise otherwise."""
-        ok = isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
-        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {type(value).__name__} {value!r}"
-            )
-        if self.min is not None and value < self.min:
-            raise InvalidVariables(f"variable {name!r} must be >= {self.min}, got {value!r}")
-        if self.max is not None and value > self.max:
-            raise InvalidVariables(f"variable {name!r} must be <= {self.max}, got {value!r}")
-        return value
-
-    def parse(self, name: str, text: str) -> Any:
-        """Turn command-line text into a value of this parameter's type."""
-        try:
-            if self.type is bool:
-                lowered = text.strip().lower()
-                if lowered not in _TRUE | _FALSE:
-                    raise ValueError(text)
-                return lowered in _TRUE
-            if self.type is int:
-                return int(text.strip().replace("_", ""))
-            if self.type is float:
-                return float(text)
-            return text
-        except ValueError:
-            raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {text!r}"
-            ) from None
-
-
-def _as_param(name: str, spec: type | Param) -> Param:
-    if isinstance(spec, Param):
-        return spec
-    if isinstance(spec, type):
-        return Param(spec)
-    raise TemplateDefinitionError(
-        f"parameter {name!r}: expected a type or dtask.Param, got {spec!r}"
-    )
 
 
 def placeholders(skeleton: JSON) -> set[str]:
@@ -221,12 +159,12 @@ class Template:
     def _describe_params(self) -> str:
         return ", ".join(f"{n}: {p.type_name}" for n, p in self.params.items()) or "none"
 
-    def submit(self, variables: Mapping[str, Any] | None = None, key: str | None = None) -> Run:
-        from dtask.client import submit
+    def submit(
+        self, variables: Mapping[str, Any] | None = None, key: str | None = None
+    ) -> RunHandle:
+        return launcher().submit(self.name, dict(variables or {}), key=key)
 
-        return submit(self.name, dict(variables or {}), key=key)
-
-    def delay(self, **variables: Any) -> Run:
+    def delay(self, **variables: Any) -> RunHandle:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
         return self.submit(variables)
 
@@ -250,9 +188,7 @@ class Template:
         ``print_range.schedule("*/5 * * * *", name="nightly", n=100)``. Calling it again with
         the same arguments changes nothing, so it can run at every start of an application.
         Variables named like an option go in ``variables={...}``."""
-        from dtask.scheduling import add_schedule
-
-        return add_schedule(
+        return launcher().schedule(
             name,
             self.name,
             {**(variables or {}), **more_variables},
@@ -270,6 +206,30 @@ class Template:
 
     def __call__(self, ctx: ChildContext, **spec: Any) -> None:
         self.function(ctx, **spec)
+
+
+class Launcher(Protocol):
+    """What a template needs from the layer that triggers runs (installed by ``dtask``)."""
+
+    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> RunHandle: ...
+
+    def schedule(
+        self, name: str, template: str, variables: dict[str, Any], **timing: Any
+    ) -> Schedule: ...
+
+
+_launcher: Launcher | None = None
+
+
+def use_launcher(implementation: Launcher) -> None:
+    global _launcher
+    _launcher = implementation
+
+
+def launcher() -> Launcher:
+    if _launcher is None:
+        raise ConfigurationError("no dtask client is installed: `import dtask` installs it")
+    return _launcher
 
 
 class Registry:
@@ -328,7 +288,7 @@ def template(
         return registry.add(
             Template(
                 name=name,
-                params={n: _as_param(n, p) for n, p in (params or {}).items()},
+                params={n: as_param(n, p) for n, p in (params or {}).items()},
                 skeleton=skeleton if skeleton is not None else {},
                 split=split,
                 function=fn,

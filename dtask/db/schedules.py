@@ -13,9 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, text
 
-from dtask.db.store import NewRun, Store, insert_run
+from dtask.db.database import Database
+from dtask.db.runs import NewRun, insert_run
+from dtask.domain.schedules import Cron, Misfire, Overlap, Schedule, Timing
 from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
-from dtask.schedules import Cron, Misfire, Overlap, Schedule, Timing
 
 _COLUMNS = (
     "s.name, s.template, s.variables, s.cron, s.every_seconds, s.timezone, s.enabled, s.misfire,"
@@ -46,13 +47,16 @@ class Fired:
 Decide = Callable[[Schedule, datetime, bool], Firing]
 
 
-class ScheduleStore(Store):
+class ScheduleStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
     def save(self, schedule: Schedule, replace: bool) -> tuple[Schedule, bool]:
         """Create the schedule (its first slot comes after now). An existing one with the
         same definition is returned as is; with ``replace`` a different one is updated in
         place (keeping what was decided); otherwise ScheduleExists."""
         values = _definition(schedule)
-        with self._tx() as conn:
+        with self.db.tx() as conn:
             created = conn.execute(
                 text(
                     "INSERT INTO dtask_schedules (name, template, variables, cron, every_seconds,"
@@ -91,17 +95,17 @@ class ScheduleStore(Store):
             return self._get(conn, schedule.name), False
 
     def get(self, name: str) -> Schedule:
-        with self._tx() as conn:
+        with self.db.tx() as conn:
             return self._get(conn, name)
 
     def all(self) -> list[Schedule]:
-        with self._tx() as conn:
+        with self.db.tx() as conn:
             rows = conn.execute(text(f"SELECT {_COLUMNS} FROM dtask_schedules s ORDER BY s.name"))
             return [_schedule(r) for r in rows]
 
     def set_enabled(self, name: str, enabled: bool) -> Schedule:
         """Pause, or resume from now: slots that came while paused are not runs to catch up."""
-        with self._tx() as conn:
+        with self.db.tx() as conn:
             changed = conn.execute(
                 text(
                     "UPDATE dtask_schedules SET enabled = :enabled, updated_at = now(),"
@@ -119,7 +123,7 @@ class ScheduleStore(Store):
 
     def remove(self, name: str) -> None:
         """Delete the schedule; the runs it triggered stay."""
-        with self._tx() as conn:
+        with self.db.tx() as conn:
             gone = conn.execute(
                 text("DELETE FROM dtask_schedules WHERE name = :name RETURNING name"),
                 {"name": name},
@@ -139,7 +143,7 @@ class ScheduleStore(Store):
             "the beat's pass was held past its limit (this beat was paused); nothing of"
             " it was recorded, the next pass decides again"
         )
-        with self._held(hold_for, paused) as conn:
+        with self.db.held(hold_for, paused) as conn:
             now = conn.execute(text("SELECT now()")).scalar_one()
             rows = conn.execute(
                 text(

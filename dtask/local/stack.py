@@ -19,8 +19,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtask import embedded, services
+from dtask import services
 from dtask.exceptions import ConfigurationError, DtaskError
+from dtask.services import embedded
 from dtask.settings import Settings, mask
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}

@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dtask import services
-from dtask.db.schedule_store import ScheduleStore
-from dtask.schedules import Misfire, Overlap, Schedule, make_timing
-from dtask.templates import registry
+from dtask.db.schedules import ScheduleStore
+from dtask.domain.schedules import Misfire, Overlap, Schedule, make_timing
+from dtask.domain.templates import registry
 
 
 def _store() -> ScheduleStore:
-    return ScheduleStore(services.store().engine)
+    return services.store().schedules
 
 
 def add_schedule(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
-from dtask.schedules import iso
+from dtask.domain.schedules import iso
 
 
 class RunState(StrEnum):
@@ -131,6 +132,27 @@ class RunStatus:
             "schedule": self.schedule,
             "slot": iso(self.slot) if self.slot else None,
         }
+
+
+class RunHandle(Protocol):
+    """A handle on one run, as ``Template.delay`` returns it (``dtask.Run`` is the one)."""
+
+    id: int
+    created: bool
+
+    def status(self) -> RunStatus: ...
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        poll: float = 0.5,
+        on_progress: Callable[[RunStatus], None] | None = None,
+    ) -> RunStatus: ...
+
+    def cancel(self) -> RunStatus: ...
+
+    def rerun(self) -> RunStatus: ...
 
 
 class ClaimRefusal(StrEnum):

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from dtask import services
+from dtask.domain.runs import RunState, RunStatus
+from dtask.domain.templates import registry
 from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
-from dtask.runs import RunState, RunStatus
-from dtask.settings import mask
-from dtask.templates import registry
+from dtask.worker import configure
+from dtask.worker.dispatch import send_master
 
 
 class Run:
@@ -25,12 +26,12 @@ class Run:
         return f"<dtask.Run {self.id}>"
 
     def status(self) -> RunStatus:
-        return services.store().status(self.id)
+        return services.store().runs.status(self.id)
 
     def cancel(self) -> RunStatus:
         """Cancel: pending children never start; running ones stop at their next checkpoint.
         Idempotent; a run that already succeeded or failed raises NotCancellable."""
-        state = services.store().cancel_run(self.id)
+        state = services.store().runs.cancel(self.id)
         if state is not RunState.CANCELLED:
             raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
         return self.status()
@@ -39,7 +40,7 @@ class Run:
         """Run a failed or cancelled run's unfinished and failed children again, each from its
         checkpoint. Idempotent while the rerun is going; a succeeded run raises NothingToRerun."""
         store = services.store()
-        state = store.rerun(self.id)
+        state = store.runs.rerun(self.id)
         if state is RunState.SUCCEEDED:
             raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
         if state in (RunState.PENDING, RunState.SPLITTING):
@@ -82,47 +83,30 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
-    from dtask.worker import configure
-
     configure()
     config = services.current().settings
     tpl = registry.get(template)
     checked = tpl.validate(variables)
     tpl.precheck(checked, config.max_children)
     store = services.store()
-    run_id, created = store.create_run(
+    run_id, created = store.runs.create(
         template=tpl.name,
         key=key or f"adhoc:{uuid.uuid4()}",
         variables=checked,
         max_attempts=tpl.options.max_attempts,
         queue=tpl.options.queue,
     )
-    if created or store.run(run_id).state is RunState.PENDING:
+    if created or store.runs.get(run_id).state is RunState.PENDING:
         try:
             send_master(run_id)
         except BrokerUnavailable as exc:
             if created:
-                store.forget_unsent_run(run_id)
+                store.runs.forget_unsent(run_id)
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
             raise
     return Run(run_id, created=created)
 
 
-def send_master(run_id: int) -> None:
-    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide)."""
-    from dtask.worker import configure
-    from dtask.worker.tasks import master
-
-    app = configure()
-    try:
-        master.apply_async(args=(run_id,), retry=True, ignore_result=True)
-    except Exception as exc:
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {mask(app.conf.broker_url)}: {exc}"
-            " (is it running? set DTASK_BROKER_URL)"
-        ) from None
-
-
 def get_run(run_id: int) -> Run:
-    services.store().status(run_id)  # raises RunNotFound
+    services.store().runs.status(run_id)  # raises RunNotFound
     return Run(run_id, created=False)

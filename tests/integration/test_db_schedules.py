@@ -14,15 +14,15 @@ import pytest
 from sqlalchemy import text
 
 from dtask import services
-from dtask.db.schedule_store import Decide, Firing, ScheduleStore
-from dtask.db.store import NewRun
+from dtask.db import NewRun
+from dtask.db.schedules import Decide, Firing, ScheduleStore
+from dtask.domain.schedules import Schedule, Timing, trigger_key
 from dtask.exceptions import ScheduleExists, ScheduleNotFound
-from dtask.schedules import Schedule, Timing, trigger_key
 
 
 @pytest.fixture
 def schedules(dtask_env: dict[str, str]) -> ScheduleStore:
-    return ScheduleStore(services.store().engine)
+    return services.store().schedules
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def every(name: str, seconds: int, n: int = 1) -> Schedule:
 
 
 def db_now(schedules: ScheduleStore) -> datetime:
-    with schedules.engine.connect() as conn:
+    with schedules.db.engine.connect() as conn:
         return conn.execute(text("SELECT now()")).scalar_one()  # type: ignore[no-any-return]
 
 
@@ -51,7 +51,7 @@ def test_save_is_idempotent_and_refuses_another_definition_unless_replaced(
     assert not created_again and again == first
     with pytest.raises(ScheduleExists, match="exists with another definition"):
         schedules.save(every(name, 5, n=2), replace=False)
-    with schedules.engine.begin() as conn:
+    with schedules.db.engine.begin() as conn:
         conn.execute(
             text("UPDATE dtask_schedules SET buffered_slot = now() WHERE name = :n"), {"n": name}
         )
@@ -110,7 +110,7 @@ def test_racing_beat_passes_decide_each_slot_once(schedules: ScheduleStore, name
     stop.set()
     for b in beats:
         b.join()
-    with schedules.engine.connect() as conn:
+    with schedules.db.engine.connect() as conn:
         slots = [
             row.slot
             for row in conn.execute(
@@ -138,7 +138,7 @@ def test_a_pass_that_dies_midway_records_nothing(schedules: ScheduleStore, name:
     with pytest.raises(RuntimeError):
         schedules.beat_pass(dies, hold_for=10)
     assert schedules.get(name).decided_until == saved.decided_until
-    with schedules.engine.connect() as conn:
+    with schedules.db.engine.connect() as conn:
         count = conn.execute(
             text("SELECT count(*) FROM dtask_runs WHERE schedule = :s"), {"s": name}
         ).scalar_one()
@@ -175,7 +175,7 @@ def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
     try:
         schedules.save(every(name, 1), replace=False)
         saved, _ = schedules.save(every(broken, 1), replace=False)
-        with schedules.engine.begin() as conn:  # as seen by a beat without that template
+        with schedules.db.engine.begin() as conn:  # as seen by a beat without that template
             conn.execute(
                 text("UPDATE dtask_schedules SET template = 'gone' WHERE name = :n"), {"n": broken}
             )
@@ -188,12 +188,12 @@ def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
         after = schedules.get(broken)
         assert after.decided_until == saved.decided_until  # its slots are still due
         assert after.last_error is not None and "unknown template 'gone'" in after.last_error
-        with schedules.engine.connect() as conn:
+        with schedules.db.engine.connect() as conn:
             stamp = "SELECT updated_at FROM dtask_schedules WHERE name = :n"
             before = conn.execute(text(stamp), {"n": broken}).scalar_one()
         time.sleep(1.2)  # a newer slot is due now: the error must still read the same
         schedules.beat_pass(Pass().decide, hold_for=10)
-        with schedules.engine.connect() as conn:  # the same error is not written every pass
+        with schedules.db.engine.connect() as conn:  # the same error is not written every pass
             assert conn.execute(text(stamp), {"n": broken}).scalar_one() == before
     finally:
         with contextlib.suppress(ScheduleNotFound):

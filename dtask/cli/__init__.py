@@ -1,0 +1,42 @@
+"""The ``dtask`` command. Exit codes: 0 ok, 1 the run failed, 2 bad input or unreachable service,
+3 a wait timed out. Errors are one line on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from dtask.cli import runs, schedules, services
+from dtask.cli.base import Parser
+from dtask.exceptions import DtaskError
+
+
+def parser() -> argparse.ArgumentParser:
+    top = Parser(prog="dtask", description=__doc__)
+    sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for noun in (runs, schedules, services):
+        noun.register(sub)
+    return top
+
+
+def commands() -> set[str]:
+    """Every subcommand's name (`dtask worker` included)."""
+    found = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(found[0].choices)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["worker"]:  # every other option goes to `celery worker` as it is
+            return services.run_worker(argv[1:])
+        args = parser().parse_args(argv)
+        code: int = args.handler(args)
+        return code
+    except DtaskError as exc:
+        print(f"dtask: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dtask: interrupted", file=sys.stderr)
+        return 130

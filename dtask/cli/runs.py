@@ -1,0 +1,175 @@
+"""`dtask submit|status|cancel|rerun|runs|templates`: triggering and watching runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, parse_vars
+from dtask.domain.runs import RunState, RunStatus
+from dtask.domain.schedules import iso
+
+
+def register(sub: Any) -> None:
+    submit = sub.add_parser("submit", help="trigger a master run of a template")
+    submit.set_defaults(handler=_cmd_submit)
+    submit.add_argument("template")
+    submit.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
+    submit.add_argument("--key", help="trigger key: a second submit with it returns the same run")
+    submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
+    submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
+    submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
+
+    status = sub.add_parser("status", help="show a run's state and its children's progress")
+    status.set_defaults(handler=_cmd_status)
+    status.add_argument("run_id", type=int)
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
+    status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
+
+    for name, text, handler in (
+        (
+            "cancel",
+            "cancel a run: pending children never start, running ones stop at a checkpoint",
+            _cmd_cancel,
+        ),
+        (
+            "rerun",
+            "run a failed or cancelled run's unfinished and failed children again",
+            _cmd_rerun,
+        ),
+    ):
+        op = sub.add_parser(name, help=text)
+        op.set_defaults(handler=handler)
+        op.add_argument("run_id", type=int)
+        op.add_argument("--json", action="store_true")
+
+    runs = sub.add_parser("runs", help="list recent runs")
+    runs.set_defaults(handler=_cmd_runs)
+    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--limit", type=int, default=50)
+
+    templates = sub.add_parser("templates", help="list the registered templates")
+    templates.set_defaults(handler=_cmd_templates)
+    templates.add_argument("--json", action="store_true")
+
+
+def _print_status(status: RunStatus, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(status.as_json()))
+        return
+    c = status.children
+    print(f"run {status.id}  {status.template}  {status.state.value}")
+    print(f"  key        {status.key}")
+    print(f"  variables  {json.dumps(status.variables)}")
+    print(
+        f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
+        f" {c.running} running, {c.pending} pending"
+    )
+    if status.schedule:
+        slot = iso(status.slot) if status.slot else "?"
+        print(f"  schedule   {status.schedule}, slot {slot}")
+    print(f"  created    {status.created_at:%Y-%m-%d %H:%M:%S %Z}")
+    if status.finished_at:
+        print(f"  finished   {status.finished_at:%Y-%m-%d %H:%M:%S %Z}")
+    if status.error:
+        print(f"  error      {status.error}")
+
+
+def _outcome(status: RunStatus) -> int:
+    return EXIT_RUN_FAILED if status.state in (RunState.FAILED, RunState.CANCELLED) else EXIT_OK
+
+
+def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
+    from dtask.client.runs import Run
+    from dtask.progress import Progress
+
+    return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.client.runs import submit
+    from dtask.domain.templates import registry
+
+    services.load_templates()
+    tpl = registry.get(args.template)
+    variables = tpl.parse_variables(parse_vars(args.var))
+    run = submit(tpl.name, variables, key=args.key)
+    if not args.json:
+        verb = "submitted" if run.created else "already exists for this key"
+        print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
+    if args.wait:
+        status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
+        _print_status(status, args.json)
+        return _outcome(status)
+    if args.json:
+        _print_status(run.status(), True)
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from dtask.client.runs import get_run
+
+    run = get_run(args.run_id)
+    status = _wait(run.id, args.timeout, show=True) if args.watch else run.status()
+    _print_status(status, args.json)
+    return _outcome(status) if args.watch else EXIT_OK
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from dtask.client.runs import get_run
+
+    _print_status(get_run(args.run_id).cancel(), args.json)
+    return EXIT_OK
+
+
+def _cmd_rerun(args: argparse.Namespace) -> int:
+    from dtask.client.runs import get_run
+
+    _print_status(get_run(args.run_id).rerun(), args.json)
+    return EXIT_OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from dtask import services
+
+    statuses = services.store().runs.statuses(args.limit)
+    if args.json:
+        print(json.dumps([s.as_json() for s in statuses]))
+        return EXIT_OK
+    print(f"{'ID':>6}  {'TEMPLATE':<20} {'STATE':<10} {'DONE':>13}  {'CREATED':<19}  KEY")
+    for s in statuses:
+        done = f"{s.children.finished}/{s.children.total}"
+        print(
+            f"{s.id:>6}  {s.template:<20} {s.state.value:<10} {done:>13}"
+            f"  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.key}"
+        )
+    return EXIT_OK
+
+
+def _cmd_templates(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.domain.templates import registry
+
+    services.load_templates()
+    rows = [
+        {
+            "name": t.name,
+            "params": {n: p.type_name for n, p in t.params.items()},
+            "skeleton": t.skeleton,
+            "max_attempts": t.options.max_attempts,
+            "queue": t.options.queue,
+            "module": t.function.__module__,
+        }
+        for t in registry.all()
+    ]
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    for row in rows:
+        params = ", ".join(f"{n}: {t}" for n, t in row["params"].items())
+        print(f"{row['name']}({params})  skeleton={json.dumps(row['skeleton'])}  [{row['module']}]")
+    return EXIT_OK

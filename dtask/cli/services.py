@@ -1,0 +1,160 @@
+"""`dtask up|down|worker|beat|flower|drain|migrate`: running dtask's processes and services."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from dtask.cli.base import EXIT_OK
+
+
+def register(sub: Any) -> None:
+    up = sub.add_parser("up", help="run a local stack: services, workers, beat and Flower")
+    up.set_defaults(handler=_cmd_up)
+    up.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    up.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
+    up.add_argument("--no-flower", action="store_true")
+    up.add_argument("--no-beat", action="store_true")
+    up.add_argument("--flower-port", type=int, default=5555)
+
+    flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
+    flower.set_defaults(handler=_cmd_flower)
+    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--address", default="127.0.0.1")
+
+    sub.add_parser(
+        "beat", help="run Celery beat on dtask's schedules (any number may run)"
+    ).set_defaults(handler=_cmd_beat)
+    drain = sub.add_parser(
+        "drain", help="stop a worker gracefully: its running children are handed over at once"
+    )
+    drain.set_defaults(handler=_cmd_drain)
+    drain.add_argument("worker", help="the worker's name, e.g. worker-1@host (see Flower)")
+    sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(
+        handler=_cmd_migrate
+    )
+    sub.add_parser("down", help="stop the embedded PostgreSQL and Redis").set_defaults(
+        handler=_cmd_down
+    )
+    sub.add_parser(
+        "worker",
+        help="run a Celery worker with dtask's settings (extra options go to celery worker)",
+        add_help=False,
+    )
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.db import engine_for, schema
+
+    engine = engine_for(services.database_url())
+    schema.upgrade(engine)
+    print(f"database at revision {schema.current_revision(engine)}")
+    return EXIT_OK
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    from dtask.services import embedded
+    from dtask.settings import load
+
+    home = load().home
+    stopped = embedded.stop(home)
+    print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
+    return EXIT_OK
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from dtask.local.stack import Stack
+
+    stack = Stack(
+        workers=args.workers,
+        concurrency=args.concurrency,
+        flower=not args.no_flower,
+        beat=not args.no_beat,
+        flower_port=args.flower_port,
+    )
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        stack.start()
+        stack.wait_ready()
+        print("dtask is up:")
+        for line in stack.describe():
+            print(f"  {line}")
+        print("Ctrl-C stops everything.", flush=True)
+        reported: set[str] = set()
+        while not stopping.wait(1):
+            for child in stack.unexpected_exits():
+                if child.name not in reported:
+                    reported.add(child.name)
+                    print(
+                        f"dtask up: {child.name} exited ({child.proc.returncode}); see {child.log}"
+                    )
+    finally:
+        print("dtask up: stopping...", flush=True)
+        stack.stop()
+        print("dtask up: stopped", flush=True)
+    return EXIT_OK
+
+
+def _cmd_flower(args: argparse.Namespace) -> int:
+    from dtask.local.stack import flower_auth
+    from dtask.worker import configure
+
+    auth = flower_auth(args.address)
+    app = configure()
+    if auth:
+        os.environ["FLOWER_BASIC_AUTH"] = auth  # not on the command line, where ps shows it
+    else:  # flower_auth allows no password on loopback only
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
+    return EXIT_OK
+
+
+def _cmd_drain(args: argparse.Namespace) -> int:
+    from dtask.exceptions import DtaskError
+    from dtask.worker import configure
+
+    app = configure()
+    if not app.control.ping(destination=[args.worker], timeout=2):
+        raise DtaskError(f"no worker {args.worker!r} answered (names are listed in Flower)")
+    from dtask.worker.drain import DRAIN_COMMAND
+
+    app.control.broadcast(DRAIN_COMMAND, destination=[args.worker])
+    print(f"worker {args.worker} is handing over its running children and stopping")
+    return EXIT_OK
+
+
+def _cmd_beat(args: argparse.Namespace) -> int:
+    from dtask import services
+    from dtask.worker import configure
+
+    app = configure()
+    services.store()  # fail now, in one line, if PostgreSQL is unreachable
+    app.start(["beat", "--scheduler=dtask.worker.beat:DatabaseScheduler", "--loglevel=INFO"])
+    return EXIT_OK
+
+
+def worker_argv(extra: Sequence[str]) -> list[str]:
+    argv = ["worker", *extra]
+    if not any(a in ("-n", "--hostname") or a.startswith("--hostname=") for a in extra):
+        argv += ["--hostname", f"dtask-{os.getpid()}@%h"]
+    if not any(a in ("-l", "--loglevel") or a.startswith("--loglevel=") for a in extra):
+        argv += ["--loglevel", "INFO"]
+    return argv
+
+
+def run_worker(extra: Sequence[str]) -> int:
+    from dtask.worker import configure, drain, reaper
+
+    app = configure()
+    reaper.install()
+    drain.install()
+    app.worker_main(worker_argv(extra))
+    return EXIT_OK

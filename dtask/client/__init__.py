@@ -1,0 +1,1 @@
+"""The Python API's verbs: trigger and watch runs, manage schedules."""

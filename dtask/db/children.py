@@ -1,0 +1,258 @@
+"""Children under a lease with a fence: claim, heartbeat, checkpoint, finish, fail, release.
+
+A child owner's writes are single autocommitted statements on the lease engine, each
+conditional on its fence: a stale owner matches no row and gets LeaseLost.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row
+
+from dtask.db.database import Database, sql
+from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
+from dtask.exceptions import LeaseLost
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A child this worker now owns: write with ``fence`` or lose the write."""
+
+    child_id: int
+    fence: int
+    attempt: int
+    max_attempts: int
+    spec: dict[str, Any]
+    checkpoint: Any
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: ClaimRefusal
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ChildView:
+    """One child as an operator sees it."""
+
+    index: int
+    state: ChildState
+    attempt: int
+    owner: str | None  # host:pid while leased
+    checkpoint: Any
+
+
+_VIEW = "SELECT index, state, attempt, owner, checkpoint FROM dtask_children"
+
+
+class ChildStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def claim(self, run_id: int, index: int, owner: str, lease_ttl: float) -> Claim | Refusal:
+        """Take the child (pending, or running with an expired lease): the fence moves.
+
+        Every statement here is conditional on its own, so each commits by itself: no
+        transaction round trips on the path every child takes."""
+        with self.db.tx(autocommit=True, lease=True) as conn:
+            row = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'running', attempt = attempt + 1,"
+                    " fence = fence + 1, owner = :owner,"
+                    " lease_expires_at = now() + make_interval(secs => :ttl),"
+                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    " WHERE run_id = :run AND index = :index AND attempt < max_attempts"
+                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
+                    "   AND r.state IN ('splitting', 'running'))"
+                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint"
+                ),
+                {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
+            ).first()
+            if row is not None:
+                return Claim(
+                    child_id=row.id,
+                    fence=row.fence,
+                    attempt=row.attempt,
+                    max_attempts=row.max_attempts,
+                    spec=row.spec,
+                    checkpoint=row.checkpoint,
+                )
+            current = conn.execute(
+                sql(
+                    "SELECT c.id, c.state, c.attempt, c.max_attempts, c.error,"
+                    " coalesce(c.lease_expires_at > now(), false) AS leased,"
+                    " r.state IN ('splitting', 'running') AS run_active"
+                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
+                    " WHERE c.run_id = :run AND c.index = :index"
+                ),
+                {"run": run_id, "index": index},
+            ).first()
+            if current is None:
+                return Refusal(ClaimRefusal.GONE)
+            reason = refuse_claim(
+                ChildState(current.state),
+                current.attempt,
+                current.max_attempts,
+                current.leased,
+                current.run_active,
+            )
+            if reason is not ClaimRefusal.EXHAUSTED:
+                return Refusal(reason, current.error)
+            error = _exhausted(current.attempt, current.error)
+            failed = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
+                    " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+                    " WHERE id = :id AND attempt >= max_attempts"
+                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                ),
+                {"id": current.id, "error": error},
+            )
+            if failed.rowcount == 1:
+                return Refusal(ClaimRefusal.FAILED, error)
+            return Refusal(ClaimRefusal.BUSY)
+
+    def _fenced_update(
+        self, claim: Claim, assignments: str, durable: bool = False, **params: Any
+    ) -> None:
+        """Write to a child we own: only while its fence is ours and it is running.
+        A stale owner matches no row and gets LeaseLost."""
+        with self.db.tx(autocommit=True, lease=not durable) as conn:
+            result = conn.execute(
+                sql(
+                    f"UPDATE dtask_children SET {assignments}, updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, **params},
+            )
+            if result.rowcount != 1:
+                raise LeaseLost(_lease_lost(claim))
+
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
+        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
+        self._fenced_update(
+            claim,
+            "checkpoint = CAST(:cp AS jsonb),"
+            " lease_expires_at = now() + make_interval(secs => :ttl)",
+            durable=True,  # a resumed child starts from here: it must survive a crash
+            cp=json.dumps(state),
+            ttl=lease_ttl,
+        )
+
+    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None:
+        """running -> succeeded under our fence, or raise LeaseLost."""
+        self._fenced_update(
+            claim,
+            "state = 'succeeded', finished_at = now(),"
+            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+            " lease_expires_at = NULL, error = NULL",
+            cp=_json_or_none(final_checkpoint),
+        )
+
+    def fail_attempt(self, claim: Claim, error: str) -> ChildState:
+        """Record a failed attempt: back to pending for a retry, or failed when none are left."""
+        with self.db.tx(autocommit=True, lease=True) as conn:
+            row = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET"
+                    " state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,"
+                    " error = CASE WHEN attempt >= max_attempts"
+                    "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
+                    "   ELSE :error END,"
+                    " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
+                    " owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                    " RETURNING state"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "error": error},
+            ).first()
+        if row is None:
+            raise LeaseLost(_lease_lost(claim))
+        return ChildState(row.state)
+
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
+        """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
+        None when the fence has moved (we lost the child)."""
+        with self.db.tx(autocommit=True, lease=True) as conn:
+            row = conn.execute(
+                sql(
+                    "UPDATE dtask_children c"
+                    " SET lease_expires_at = now() + make_interval(secs => :ttl)"
+                    " FROM dtask_runs r WHERE c.id = :id AND c.fence = :fence"
+                    " AND c.state = 'running' AND r.id = c.run_id RETURNING r.state"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
+            ).first()
+            return None if row is None else RunState(row.state)
+
+    def release(self, claim: Claim, checkpoint: Any | None) -> None:
+        """Hand the child back (stopped at a checkpoint): pending again, this attempt not
+        counted, resumable from ``checkpoint``."""
+        self._fenced_update(
+            claim,
+            "state = 'pending', attempt = attempt - 1,"
+            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+            " lease_expires_at = NULL",
+            cp=_json_or_none(checkpoint),
+        )
+
+    def view(self, run_id: int, index: int) -> ChildView | None:
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(f"{_VIEW} WHERE run_id = :run AND index = :index"),
+                {"run": run_id, "index": index},
+            ).first()
+        return None if row is None else _view(row)
+
+    def first_checkpointed_running(self, run_id: int) -> ChildView | None:
+        """The running child of the run with the lowest index that has committed progress."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(
+                    f"{_VIEW} WHERE run_id = :run AND state = 'running'"
+                    " AND checkpoint IS NOT NULL ORDER BY index LIMIT 1"
+                ),
+                {"run": run_id},
+            ).first()
+        return None if row is None else _view(row)
+
+    def error(self, run_id: int, index: int) -> str | None:
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql("SELECT error FROM dtask_children WHERE run_id = :run AND index = :index"),
+                {"run": run_id, "index": index},
+            ).first()
+        return None if row is None else row.error
+
+
+def _view(row: Row[Any]) -> ChildView:
+    return ChildView(
+        index=int(row._mapping["index"]),
+        state=ChildState(row.state),
+        attempt=int(row.attempt),
+        owner=row.owner,
+        checkpoint=row.checkpoint,
+    )
+
+
+def _json_or_none(value: Any | None) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _exhausted(attempts: int, last_error: str | None) -> str:
+    reason = last_error or "its worker process died while running it"
+    if reason.startswith("gave up after"):
+        return reason
+    return f"gave up after {attempts} attempt(s): {reason}"
+
+
+def _lease_lost(claim: Claim) -> str:
+    return (
+        f"child {claim.child_id} was taken over by another worker (fence {claim.fence} is stale);"
+        " this worker stops working on it"
+    )

@@ -1,0 +1,354 @@
+"""Runs: created once per trigger key, split, dispatched, cancelled, rerun and finalized, each
+move a conditional UPDATE under the run's advisory lock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row
+
+from dtask.db.database import Database, lock_run, sql
+from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
+from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
+
+_RUN_COLUMNS = (
+    "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot"
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: int
+    template: str
+    key: str
+    variables: dict[str, Any]
+    state: RunState
+    max_attempts: int
+    queue: str | None
+    child_total: int | None
+    group_id: str | None
+    chord_size: int | None
+    dispatches: int
+
+
+@dataclass(frozen=True)
+class NewRun:
+    template: str
+    key: str
+    variables: dict[str, Any]
+    max_attempts: int
+    queue: str | None
+    schedule: str | None = None
+    slot: datetime | None = None
+
+
+def insert_run(conn: Connection, run: NewRun) -> int | None:
+    """Insert a pending run unless its trigger key exists (exactly once per key): its id, or
+    None when the key was taken."""
+    row = conn.execute(
+        sql(
+            "INSERT INTO dtask_runs"
+            " (template, trigger_key, variables, max_attempts, queue, schedule, slot)"
+            " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
+            " :schedule, :slot)"
+            " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
+        ),
+        {**asdict(run), "variables": json.dumps(run.variables)},
+    ).first()
+    return None if row is None else int(row.id)
+
+
+class RunStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def create(
+        self,
+        template: str,
+        key: str,
+        variables: dict[str, Any],
+        max_attempts: int,
+        queue: str | None,
+    ) -> tuple[int, bool]:
+        """Insert a run for ``key`` unless one exists. Returns (run id, created)."""
+        with self.db.tx() as conn:
+            created = insert_run(conn, NewRun(template, key, variables, max_attempts, queue))
+            if created is not None:
+                return created, True
+            existing = conn.execute(
+                sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
+                {"key": key},
+            ).one()
+        if existing.template != template or existing.variables != variables:
+            raise KeyConflict(
+                f"key {key!r} already triggered run {existing.id} of {existing.template!r}"
+                f" with {existing.variables}; use another key for other variables"
+            )
+        return int(existing.id), False
+
+    def forget_unsent(self, run_id: int) -> None:
+        """Undo create_run when its master message could not be sent (no half-created run)."""
+        with self.db.tx() as conn:
+            conn.execute(
+                sql("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
+            )
+
+    def get(self, run_id: int) -> RunRecord:
+        with self.db.tx() as conn:
+            return self._record(conn, run_id)
+
+    @staticmethod
+    def _record(conn: Connection, run_id: int) -> RunRecord:
+        row = conn.execute(
+            sql(
+                "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
+                " child_total, group_id, chord_size, dispatches FROM dtask_runs WHERE id = :id"
+            ),
+            {"id": run_id},
+        ).first()
+        if row is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return RunRecord(
+            id=row.id,
+            template=row.template,
+            key=row.trigger_key,
+            variables=row.variables,
+            state=RunState(row.state),
+            max_attempts=row.max_attempts,
+            queue=row.queue,
+            child_total=row.child_total,
+            group_id=row.group_id,
+            chord_size=row.chord_size,
+            dispatches=row.dispatches,
+        )
+
+    def split(
+        self,
+        run_id: int,
+        plan: Callable[[RunRecord], Sequence[dict[str, Any]]],
+        wait: bool = True,
+    ) -> RunState:
+        """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
+
+        If ``plan`` raises a DtaskError the run is failed with its message. With
+        ``wait=False`` a run whose lock is held (a master is on it) is left alone.
+        """
+        with self.db.tx() as conn:
+            if not lock_run(conn, run_id, wait):
+                return self._record(conn, run_id).state
+            run = self._record(conn, run_id)
+            if run.state is not RunState.PENDING:
+                return run.state
+            try:
+                specs = plan(run)
+            except DtaskError as exc:
+                self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
+                return RunState.FAILED
+            self._insert_children(conn, run_id, run.max_attempts, specs)
+            conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
+                    " chord_size = :total, dispatches = dispatches + 1,"
+                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    " WHERE id = :id AND state = 'pending'"
+                ),
+                {"id": run_id, "total": len(specs)},
+            )
+            return RunState.SPLITTING
+
+    @staticmethod
+    def _insert_children(
+        conn: Connection, run_id: int, max_attempts: int, specs: Sequence[dict[str, Any]]
+    ) -> None:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with (
+            raw.cursor() as cursor,
+            cursor.copy(
+                "COPY dtask_children (run_id, index, spec, max_attempts) FROM STDIN"
+            ) as copy,
+        ):
+            for index, spec in enumerate(specs):
+                copy.write_row((run_id, index, json.dumps(spec), max_attempts))
+
+    def dispatch(
+        self,
+        run_id: int,
+        send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None],
+        wait: bool = True,
+    ) -> RunState:
+        """splitting -> running: ``send`` the chord of unfinished children, under the run's lock.
+
+        The chord's group id and size were fixed when the group was created (split or rerun).
+        A master that died mid-send left the run in ``splitting``; the next master message
+        sends again with the same group, so the chord still completes once.
+        """
+        with self.db.tx() as conn:
+            if not lock_run(conn, run_id, wait):
+                return self._record(conn, run_id).state
+            run = self._record(conn, run_id)
+            if run.state is not RunState.SPLITTING:
+                return run.state
+            children = [
+                (int(index), spec)
+                for index, spec in conn.execute(
+                    sql(
+                        "SELECT index, spec FROM dtask_children WHERE run_id = :id"
+                        " AND state IN ('pending', 'running') ORDER BY index"
+                    ),
+                    {"id": run_id},
+                )
+            ]
+            send(run, children)
+            conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET state = 'running', updated_at = now()"
+                    " WHERE id = :id AND state = 'splitting'"
+                ),
+                {"id": run_id},
+            )
+            return RunState.RUNNING
+
+    def cancel(self, run_id: int) -> RunState:
+        """pending|splitting|running -> cancelled. Pending children never start; running ones
+        stop at their next checkpoint and go back to pending (a rerun resumes them)."""
+        with self.db.tx() as conn:
+            lock_run(conn, run_id)
+            run = self._record(conn, run_id)
+            if run.state.finished:
+                return run.state
+            self._set_run_state(conn, run_id, RunState.CANCELLED, error="cancelled")
+            return RunState.CANCELLED
+
+    def rerun(self, run_id: int) -> RunState:
+        """failed|cancelled -> pending (never split) or splitting (a new chord of the children
+        that did not succeed, failed ones with fresh attempts, each from its checkpoint).
+        Other states are returned unchanged: a rerun is idempotent."""
+        with self.db.tx() as conn:
+            lock_run(conn, run_id)
+            run = self._record(conn, run_id)
+            if run.state not in (RunState.FAILED, RunState.CANCELLED):
+                return run.state
+            if run.child_total is None:
+                self._set_run_state(conn, run_id, RunState.PENDING)
+                return RunState.PENDING
+            conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'pending', attempt = 0, error = NULL,"
+                    " finished_at = NULL, updated_at = now()"
+                    " WHERE run_id = :id AND state = 'failed'"
+                ),
+                {"id": run_id},
+            )
+            conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET state = 'splitting', error = NULL, finished_at = NULL,"
+                    " dispatches = dispatches + 1,"
+                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+                    " chord_size = (SELECT count(*) FROM dtask_children"
+                    "   WHERE run_id = :id AND state <> 'succeeded'),"
+                    " updated_at = now() WHERE id = :id"
+                ),
+                {"id": run_id},
+            )
+            return RunState.SPLITTING
+
+    def finalize(self, run_id: int) -> RunState:
+        """running -> succeeded|failed once every child has finished; otherwise a no-op."""
+        with self.db.tx() as conn:
+            lock_run(conn, run_id)
+            run = self._record(conn, run_id)
+            if run.state.finished:
+                return run.state
+            final = outcome(self._counts(conn, run_id))
+            if final is None:
+                return run.state
+            error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
+            self._set_run_state(conn, run_id, final, error=error)
+            return final
+
+    @staticmethod
+    def _set_run_state(
+        conn: Connection, run_id: int, state: RunState, error: str | None = None
+    ) -> bool:
+        finished = "now()" if state.finished else "NULL"
+        result = conn.execute(
+            sql(
+                f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
+                " updated_at = now() WHERE id = :id AND state = ANY(:sources)"
+            ),
+            {"id": run_id, "state": state.value, "error": error, "sources": sources(state)},
+        )
+        return result.rowcount == 1
+
+    @staticmethod
+    def _failure_summary(conn: Connection, run_id: int) -> str:
+        failed = conn.execute(
+            sql(
+                "SELECT index AS child, error, count(*) OVER () AS n FROM dtask_children"
+                " WHERE run_id = :id AND state = 'failed' ORDER BY index LIMIT 3"
+            ),
+            {"id": run_id},
+        ).all()
+        total = failed[0].n if failed else 0
+        shown = "; ".join(f"child {r.child}: {r.error}" for r in failed)
+        return f"{total} child task(s) failed: {shown}"
+
+    @staticmethod
+    def _counts(conn: Connection, run_id: int) -> ChildCounts:
+        rows = conn.execute(
+            sql(
+                "SELECT state, count(*) AS n FROM dtask_children WHERE run_id = :id GROUP BY state"
+            ),
+            {"id": run_id},
+        )
+        return ChildCounts.from_states({r.state: r.n for r in rows})
+
+    def status(self, run_id: int) -> RunStatus:
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(f"SELECT {_RUN_COLUMNS} FROM dtask_runs WHERE id = :id"), {"id": run_id}
+            ).first()
+            if row is None:
+                raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
+            return _status(row, self._counts(conn, run_id))
+
+    def statuses(self, limit: int = 50, schedule: str | None = None) -> list[RunStatus]:
+        """The latest runs, newest first; only the runs of ``schedule`` if given."""
+        where = "" if schedule is None else "WHERE schedule = :schedule"
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(f"SELECT {_RUN_COLUMNS} FROM dtask_runs {where} ORDER BY id DESC LIMIT :limit"),
+                {"limit": limit, "schedule": schedule},
+            ).all()
+            counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
+            for c in conn.execute(
+                sql(
+                    "SELECT run_id, state, count(*) AS n FROM dtask_children"
+                    " WHERE run_id = ANY(:ids) GROUP BY run_id, state"
+                ),
+                {"ids": list(counts)},
+            ):
+                counts[c.run_id][c.state] = c.n
+        return [_status(r, ChildCounts.from_states(counts[r.id])) for r in rows]
+
+
+def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
+    return RunStatus(
+        id=row.id,
+        template=row.template,
+        key=row.trigger_key,
+        state=RunState(row.state),
+        variables=row.variables,
+        children=counts,
+        created_at=row.created_at,
+        finished_at=row.finished_at,
+        error=row.error,
+        schedule=row.schedule,
+        slot=row.slot,
+    )

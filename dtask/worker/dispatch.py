@@ -1,0 +1,139 @@
+"""Sending dtask's messages: a run's master, and its children as the header of a chord.
+
+Messages are addressed by task name, so this module needs the Celery app but not the tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dtask.db import Redispatch, RunRecord
+from dtask.exceptions import BrokerUnavailable
+from dtask.settings import is_redis, mask
+from dtask.worker.app import app, configure
+from dtask.worker.config import DEFAULT_QUEUE
+
+MASTER = "dtask.master"
+CHILD = "dtask.child"
+FINALIZE = "dtask.finalize"
+
+
+def send_master(run_id: int) -> None:
+    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide)."""
+    configure()
+    try:
+        app.send_task(MASTER, args=(run_id,), retry=True, ignore_result=True)
+    except Exception as exc:
+        raise BrokerUnavailable(
+            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
+            " (is it running? set DTASK_BROKER_URL)"
+        ) from None
+
+
+def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
+    """Publish the children as the header of a Celery chord whose callback is ``finalize``.
+
+    Deterministic task ids (``<group>.<index>``) and the chord options let anyone re-send a
+    child later with the same identity, so the chord still completes exactly once.
+    """
+    assert run.group_id is not None and run.chord_size is not None
+    app.backend.set_chord_size(run.group_id, run.chord_size)
+    publish(
+        (
+            Redispatch(run.id, index, spec, run.template, run.group_id, run.queue)
+            for index, spec in children
+        ),
+        priority=SMALL_RUN if run.chord_size <= SMALL_RUN_CHILDREN else LARGE_RUN,
+    )
+
+
+# Redis pops priority 0 first (and unprioritised messages count as 0). Masters, callbacks
+# and re-sent children (failover, hand-over) go first; then the children of small runs, so a
+# short job never waits behind a large one's backlog; then large runs' children, FIFO.
+# RabbitMQ needs x-max-priority queues (and counts the other way): there everything is FIFO.
+RESEND, SMALL_RUN, LARGE_RUN = 0, 3, 6
+SMALL_RUN_CHILDREN = 100
+
+
+def _priority(value: int) -> dict[str, int]:
+    return {"priority": value} if is_redis(str(app.conf.broker_url)) else {}
+
+
+def publish(children: Iterable[Redispatch], priority: int = RESEND) -> int:
+    """Send child messages through one producer, pipelined where the broker allows (Redis);
+    returns how many.
+
+    Each message is the one ``child.apply_async`` would send (same headers, body and
+    properties, built by Celery's ``create_task_message``) minus the per-call overhead that
+    dominates a large chord: routing, queue declaration, publish signals and the ``task-sent``
+    event per child, and one broker round trip each. A failed send raises; the children are
+    in PostgreSQL, so the reaper re-sends them (the master's run stays ``splitting``).
+    """
+    sent = 0
+    callbacks: dict[str, Any] = {}
+    declared: dict[str, Any] = {}
+    options = _priority(priority)
+    parent = _parent_ids()
+    with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
+        for c in children:
+            callback = callbacks.get(c.group_id)
+            if callback is None:
+                callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
+            name = c.queue or DEFAULT_QUEUE
+            queue = declared.get(name)
+            if queue is None:
+                queue = declared[name] = app.amqp.queues[name]
+                producer.maybe_declare(queue)
+            headers, properties, body, _ = app.amqp.create_task_message(
+                child_task_id(c.group_id, c.index),
+                CHILD,
+                (c.run_id, c.index, c.template, c.spec),
+                None,
+                group_id=c.group_id,
+                group_index=c.index,
+                chord=callback,
+                reply_to=app.thread_oid,
+                **parent,
+                **readable(c.template, c.run_id, c.index, c.spec),
+            )
+            producer.publish(
+                body,
+                exchange="",  # what Celery does for a direct queue: route by its name
+                routing_key=queue.name,
+                serializer="json",
+                delivery_mode=queue.exchange.delivery_mode,
+                headers=headers,
+                retry=False,
+                **options,
+                **properties,
+            )
+            sent += 1
+    return sent
+
+
+PUBLISH_BATCH = 1000
+
+
+def _parent_ids() -> dict[str, Any]:
+    """root_id/parent_id as apply_async sets them when a task (the master) sends."""
+    parent = app.current_worker_task
+    if parent is None:
+        return {}
+    return {"root_id": parent.request.root_id or parent.request.id, "parent_id": parent.request.id}
+
+
+def readable(template: str, run_id: int, index: int, spec: dict[str, Any]) -> dict[str, str]:
+    """How a child shows in Flower and the logs: "print_range run 5 child 3", its spec."""
+    return {"argsrepr": f"{template} run {run_id} child {index}", "kwargsrepr": repr(spec)}
+
+
+def chord_callback(run_id: int, group_id: str) -> Any:
+    finalize = app.signature(FINALIZE, args=(run_id,), immutable=True)
+    return finalize.clone().set(
+        task_id=f"{group_id}.finalize", link_error=[finalize], queue=DEFAULT_QUEUE
+    )
+
+
+def child_task_id(group_id: str, index: int) -> str:
+    return f"{group_id}.{index}"
