@@ -22,7 +22,7 @@ from sqlalchemy import Connection, text
 
 import dtask
 from dtask import services
-from dtask.db.store import _LOCK_NAMESPACE
+from dtask.db.database import RUN_LOCKS
 from dtask.services import embedded
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
@@ -166,7 +166,7 @@ def _run_lock_sessions(run_id: int, granted: bool) -> list[int]:
                 " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted = :granted"
                 " AND l.classid = :ns AND l.objid = :run AND a.application_name LIKE 'dtask:%'"
             ),
-            {"ns": _LOCK_NAMESPACE, "run": run_id, "granted": granted},
+            {"ns": RUN_LOCKS, "run": run_id, "granted": granted},
         ).all()
     return [int(r.application_name.split(":")[1]) for r in rows]
 
@@ -177,14 +177,12 @@ def _advisory_waiters(run_id: int) -> list[int]:
 
 def _hold_run_lock(run_id: int) -> Connection:
     conn = services.store().engine.connect()
-    conn.execute(text("SELECT pg_advisory_lock(:ns, :run)"), {"ns": _LOCK_NAMESPACE, "run": run_id})
+    conn.execute(text("SELECT pg_advisory_lock(:ns, :run)"), {"ns": RUN_LOCKS, "run": run_id})
     return conn
 
 
 def _release_run_lock(conn: Connection, run_id: int) -> None:
-    conn.execute(
-        text("SELECT pg_advisory_unlock(:ns, :run)"), {"ns": _LOCK_NAMESPACE, "run": run_id}
-    )
+    conn.execute(text("SELECT pg_advisory_unlock(:ns, :run)"), {"ns": RUN_LOCKS, "run": run_id})
     conn.close()
 
 
