@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
@@ -112,6 +112,7 @@ def env_name(field: str) -> str:
 
 _URLS = {"database_url", "broker_url", "result_backend"}
 _SECRETS = {"flower_auth"}
+_DERIVED = {"result_backend", "heartbeat_interval"}
 _NOT_DERIVED = "default_factory_not_called"
 _KNOWN = {env_name(f): f for f in Settings.model_fields}
 
@@ -197,6 +198,52 @@ def load() -> Settings:
     if problems:
         raise ConfigurationError("; ".join(problems))
     return settings
+
+
+class Row(NamedTuple):
+    name: str
+    value: str | int | float | list[str] | None  # JSON-ready, secrets masked
+    source: str  # env, default or derived
+
+
+def rows(settings: Settings) -> list[Row]:
+    """What `dtask config` shows: every setting's effective value and where it came from."""
+    found = []
+    for field in Settings.model_fields:
+        value = getattr(settings, field)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value().partition(":")[0] + ":***"
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif field in _URLS and value is not None:
+            value = mask(value)
+        if field in settings.model_fields_set:
+            source = "env"
+        else:
+            source = "derived" if field in _DERIVED else "default"
+        found.append(Row(env_name(field), value, source))
+    return found
+
+
+def render(found: list[Row]) -> list[str]:
+    """Rows as aligned `DTASK_NAME  value  (source)` lines."""
+
+    def text(row: Row) -> str:
+        if row.value is None or row.value == []:
+            return "embedded" if _KNOWN[row.name] in _URLS else "(none)"
+        if isinstance(row.value, list):
+            return ",".join(row.value)
+        return _number(row.value)
+
+    texts = [text(row) for row in found]
+    wide_name = max(len(row.name) for row in found)
+    wide_value = max(len(t) for t in texts)
+    return [
+        f"{row.name:<{wide_name}}  {t:<{wide_value}}  ({row.source})"
+        for row, t in zip(found, texts, strict=True)
+    ]
 
 
 _QUERY_SECRET = re.compile(

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import os
+import re
 import string
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from dtask.cli import main
 from dtask.exceptions import ConfigurationError
 from dtask.settings import DOCUMENTED, Settings, env_name, load, mask
 
@@ -174,6 +177,65 @@ def test_mask_never_shows_a_password(password: str) -> None:
     assert masked == "postgresql+psycopg://user:***@host:5432/db"
     assume(password not in masked)  # "ost" is in "host", masked or not
     assert password not in masked
+
+
+SECRET_URL = "postgresql+psycopg://dtask:p@ss:w/rd@db.internal:5432/dtask"
+
+
+def test_dtask_config_prints_every_setting_with_its_source(
+    env: Env, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    env(
+        DTASK_HOME=str(tmp_path),
+        DTASK_DATABASE_URL=SECRET_URL,
+        DTASK_BROKER_URL="redis://:r3dis@redis:6379/0",
+        DTASK_LEASE_TTL="6",
+        DTASK_FLOWER_AUTH="admin:fl@w:er/pw",
+    )
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: re.split(r"\s{2,}", line) for line in out.splitlines()}
+    assert set(lines) == {env_name(f) for f in Settings.model_fields}
+    assert lines["DTASK_HOME"] == ["DTASK_HOME", str(tmp_path), "(env)"]
+    assert lines["DTASK_DATABASE_URL"][1:] == [
+        "postgresql+psycopg://dtask:***@db.internal:5432/dtask",
+        "(env)",
+    ]
+    assert lines["DTASK_RESULT_BACKEND"][1:] == ["redis://:***@redis:6379/0", "(derived)"]
+    assert lines["DTASK_HEARTBEAT_INTERVAL"][1:] == ["1.5", "(derived)"]
+    assert lines["DTASK_MAX_CHILDREN"][1:] == ["100000", "(default)"]
+    assert lines["DTASK_TEMPLATES"][1:] == ["(none)", "(default)"]
+    assert lines["DTASK_FLOWER_AUTH"][1:] == ["admin:***", "(env)"]
+    for secret in ("p@ss", "w/rd", "r3dis", "fl@w", "er/pw"):
+        assert secret not in out
+
+
+def test_dtask_config_json_is_one_object(env: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    env(DTASK_DATABASE_URL=SECRET_URL, DTASK_TEMPLATES="a,b", DTASK_FLOWER_AUTH="admin:p@:/w")
+    assert main(["config", "--json"]) == 0
+    out = capsys.readouterr().out
+    shown = json.loads(out)
+    assert shown["DTASK_DATABASE_URL"] == {
+        "value": "postgresql+psycopg://dtask:***@db.internal:5432/dtask",
+        "source": "env",
+    }
+    assert shown["DTASK_BROKER_URL"] == {"value": None, "source": "default"}
+    assert shown["DTASK_RESULT_BACKEND"] == {"value": None, "source": "derived"}
+    assert shown["DTASK_TEMPLATES"] == {"value": ["a", "b"], "source": "env"}
+    assert shown["DTASK_LEASE_TTL"] == {"value": 8.0, "source": "default"}
+    assert shown["DTASK_HEARTBEAT_INTERVAL"] == {"value": 2.0, "source": "derived"}
+    assert shown["DTASK_FLOWER_AUTH"] == {"value": "admin:***", "source": "env"}
+    assert "p@ss" not in out and "p@:/w" not in out
+
+
+def test_dtask_config_with_a_bad_setting_exits_2_with_one_line(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env(DTASK_MAX_CHILDREN="lots")
+    assert main(["config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "dtask: error: DTASK_MAX_CHILDREN='lots' must be a valid integer\n"
 
 
 def test_flower_needs_a_password_beyond_loopback(env: Env) -> None:
