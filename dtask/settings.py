@@ -1,35 +1,97 @@
-"""DTASK_* environment -> frozen settings. The one place that reads dtask's environment."""
+"""DTASK_* environment -> frozen, validated settings. The one place that reads dtask's environment.
+
+Empty variables count as unset. A DTASK_* name that is nearly a setting's name (DTASK_LEASE_TT)
+is an error; any other DTASK_* name is left alone, for templates' own use (DTASK_TEST_SINK).
+"""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from dtask.exceptions import ConfigurationError
 
-T = TypeVar("T", int, float)
+PREFIX = "DTASK_"
 
 
-@dataclass(frozen=True)
-class Settings:
-    home: Path
-    database_url: str | None
-    broker_url: str | None
-    result_backend: str | None
-    templates: tuple[str, ...]
-    max_children: int
-    lease_ttl: float
-    heartbeat_interval: float
-    reaper_interval: float
-    stall_timeout: float
-    drain_grace: float
-    checkpoint_interval: float
-    checkpoint_every: int
-    retry_delay: float
+def is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "redis+socket://"))
+
+
+def _default_backend(data: dict[str, Any]) -> str | None:
+    broker = data.get("broker_url")
+    return broker if broker is not None and is_redis(broker) else None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, env_ignore_empty=True, frozen=True, allow_inf_nan=False
+    )
+
+    home: Path = Path(".dtask")
+    database_url: str | None = None
+    broker_url: str | None = None
+    result_backend: str | None = Field(default_factory=_default_backend)
+    templates: Annotated[tuple[str, ...], NoDecode] = ()
+    max_children: int = Field(100_000, ge=1)
+    lease_ttl: float = Field(8.0, ge=1.0)
+    heartbeat_interval: float = Field(
+        default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1
+    )
+    reaper_interval: float = Field(1.0, ge=0.1)
+    stall_timeout: float = Field(15.0, ge=1.0)
+    drain_grace: float = Field(5.0, ge=0.0)
+    checkpoint_interval: float = Field(1.0, ge=0.0)
+    checkpoint_every: int = Field(10_000, ge=1)
+    retry_delay: float = Field(1.0, ge=0.0)
+    flower_auth: SecretStr | None = None
+
+    @field_validator("home")
+    @classmethod
+    def _absolute(cls, home: Path) -> Path:
+        return home.expanduser().absolute()
+
+    @field_validator("templates", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(m.strip() for m in value.split(",") if m.strip())
+        return value
+
+    @field_validator("result_backend")
+    @classmethod
+    def _redis_only(cls, url: str | None) -> str | None:
+        if url is not None and not is_redis(url):
+            raise ValueError("must be a redis:// URL (chords need it)")
+        return url
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _under_half_the_lease(cls, beat: float, info: ValidationInfo) -> float:
+        lease = info.data.get("lease_ttl")
+        if lease is not None and beat >= lease / 2:
+            raise ValueError(
+                f"must be under half of DTASK_LEASE_TTL ({lease:g}),"
+                " or leases expire between heartbeats"
+            )
+        return beat
+
+    @field_validator("flower_auth")
+    @classmethod
+    def _user_and_password(cls, auth: SecretStr | None) -> SecretStr | None:
+        if auth is not None:
+            user, sep, password = auth.get_secret_value().partition(":")
+            if not (user and sep and password):
+                raise ValueError("must be user:password")
+        return auth
 
     @property
     def embedded_database(self) -> bool:
@@ -44,9 +106,15 @@ class Settings:
         return self.result_backend is None
 
 
-def is_redis(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://", "redis+socket://"))
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
 
+
+_URLS = {"database_url", "broker_url", "result_backend"}
+_SECRETS = {"flower_auth"}
+_DERIVED = {"result_backend", "heartbeat_interval"}
+_NOT_DERIVED = "default_factory_not_called"
+_KNOWN = {env_name(f): f for f in Settings.model_fields}
 
 # name -> (default, meaning). The README's configuration table is checked against this.
 DOCUMENTED: dict[str, tuple[str, str]] = {
@@ -64,61 +132,139 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
     "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
+    "DTASK_FLOWER_AUTH": ("", "user:password for Flower; required beyond loopback"),
 }
 
 
-def _number(env: Mapping[str, str], name: str, default: T, cast: Callable[[str], T], low: T) -> T:
-    text = env.get(name)
-    if text is None or text == "":
-        return default
+def _number(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _reason(error: ErrorDetails) -> str:
+    ctx = error.get("ctx", {})
+    kind = error["type"]
+    if kind == "value_error":
+        return str(ctx["error"])
+    if kind in ("greater_than_equal", "greater_than"):
+        sign, bound = (">=", ctx["ge"]) if kind == "greater_than_equal" else (">", ctx["gt"])
+        return f"must be {sign} {_number(bound)}"
+    if kind.startswith("int_"):
+        return "must be a valid integer"
+    if kind.startswith("float_"):
+        return "must be a number"
+    if kind == "finite_number":
+        return "must be a finite number"
+    return error["msg"].replace("Input should be", "must be")
+
+
+def _problem(error: ErrorDetails) -> str:
+    field = str(error["loc"][0]) if error["loc"] else ""
+    if field not in _KNOWN.values():
+        return _reason(error)
+    value = error["input"]
+    if field in _SECRETS:
+        return f"{env_name(field)} {_reason(error)}"  # not even part of the value
+    if field in _URLS and isinstance(value, str):
+        value = mask(value)
+    return f"{env_name(field)}={value!r} {_reason(error)}"
+
+
+def _typos(environ: Mapping[str, str]) -> list[str]:
+    problems = []
+    suffixes = [known.removeprefix(PREFIX) for known in _KNOWN]
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(PREFIX) or upper in _KNOWN:
+            continue
+        close = difflib.get_close_matches(upper.removeprefix(PREFIX), suffixes, n=1, cutoff=0.8)
+        if close:
+            problems.append(f"{name} is not a dtask setting (did you mean {PREFIX}{close[0]}?)")
+    return problems
+
+
+def load() -> Settings:
+    """The settings from the environment; every problem in one ConfigurationError line."""
+    problems = _typos(os.environ)
     try:
-        value = cast(text)
-    except ValueError:
-        raise ConfigurationError(f"{name}={text!r} is not a number") from None
-    if value < low:
-        raise ConfigurationError(f"{name}={text!r} must be >= {low}")
-    return value
+        settings = Settings()
+    except ValidationError as exc:
+        # A derived default is not computed when what it derives from is invalid: no news.
+        errors = [e for e in exc.errors(include_url=False) if e["type"] != _NOT_DERIVED]
+        problems = [_problem(e) for e in errors] + problems
+    except SettingsError as exc:
+        problems = [str(exc), *problems]
+    if problems:
+        raise ConfigurationError("; ".join(problems))
+    return settings
 
 
-def load(env: Mapping[str, str] | None = None) -> Settings:
-    env = os.environ if env is None else env
-    home = Path(env.get("DTASK_HOME") or ".dtask").expanduser().absolute()
-    broker = env.get("DTASK_BROKER_URL") or None
-    backend = env.get("DTASK_RESULT_BACKEND") or None
-    if backend is None and broker is not None and is_redis(broker):
-        backend = broker
-    if backend is not None and not is_redis(backend):
-        raise ConfigurationError(
-            f"DTASK_RESULT_BACKEND must be a redis:// URL (chords need it), got {mask(backend)}"
-        )
-    lease_ttl = _number(env, "DTASK_LEASE_TTL", 8.0, float, 1.0)
-    heartbeat = _number(env, "DTASK_HEARTBEAT_INTERVAL", lease_ttl / 4, float, 0.1)
-    if heartbeat >= lease_ttl / 2:
-        raise ConfigurationError(
-            f"DTASK_HEARTBEAT_INTERVAL ({heartbeat:g}) must be under half of DTASK_LEASE_TTL"
-            f" ({lease_ttl:g}), or leases expire between heartbeats"
-        )
-    return Settings(
-        home=home,
-        database_url=env.get("DTASK_DATABASE_URL") or None,
-        broker_url=broker,
-        result_backend=backend,
-        templates=tuple(m.strip() for m in env.get("DTASK_TEMPLATES", "").split(",") if m.strip()),
-        max_children=_number(env, "DTASK_MAX_CHILDREN", 100_000, int, 1),
-        lease_ttl=lease_ttl,
-        heartbeat_interval=heartbeat,
-        reaper_interval=_number(env, "DTASK_REAPER_INTERVAL", 1.0, float, 0.1),
-        stall_timeout=_number(env, "DTASK_STALL_TIMEOUT", 15.0, float, 1.0),
-        drain_grace=_number(env, "DTASK_DRAIN_GRACE", 5.0, float, 0.0),
-        checkpoint_interval=_number(env, "DTASK_CHECKPOINT_INTERVAL", 1.0, float, 0.0),
-        checkpoint_every=_number(env, "DTASK_CHECKPOINT_EVERY", 10_000, int, 1),
-        retry_delay=_number(env, "DTASK_RETRY_DELAY", 1.0, float, 0.0),
-    )
+class Row(NamedTuple):
+    name: str
+    value: str | int | float | list[str] | None  # JSON-ready, secrets masked
+    source: str  # env, default or derived
 
 
-_PASSWORD = re.compile(r"(?P<head>[a-z+]+://[^:/@]*:)(?P<secret>[^@]*)@")
+def rows(settings: Settings) -> list[Row]:
+    """What `dtask config` shows: every setting's effective value and where it came from."""
+    found = []
+    for field in Settings.model_fields:
+        value = getattr(settings, field)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value().partition(":")[0] + ":***"
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif field in _URLS and value is not None:
+            value = mask(value)
+        if field in settings.model_fields_set:
+            source = "env"
+        else:
+            source = "derived" if field in _DERIVED else "default"
+        found.append(Row(env_name(field), value, source))
+    return found
+
+
+def render(found: list[Row]) -> list[str]:
+    """Rows as aligned `DTASK_NAME  value  (source)` lines."""
+
+    def text(row: Row) -> str:
+        if row.value is None or row.value == []:
+            return "embedded" if _KNOWN[row.name] in _URLS else "(none)"
+        if isinstance(row.value, list):
+            return ",".join(row.value)
+        return _number(row.value)
+
+    texts = [text(row) for row in found]
+    wide_name = max(len(row.name) for row in found)
+    wide_value = max(len(t) for t in texts)
+    return [
+        f"{row.name:<{wide_name}}  {t:<{wide_value}}  ({row.source})"
+        for row, t in zip(found, texts, strict=True)
+    ]
+
+
+_QUERY_SECRET = re.compile(
+    r"(?P<key>[?&;][^=&;]*(?:pass|pwd|secret|token)[^=&;]*=)(?P<secret>.*?)(?=&[^&=]*=|\Z)",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def mask(url: str) -> str:
-    """A URL fit for logs and terminals: the password replaced by ***."""
-    return _PASSWORD.sub(lambda m: f"{m.group('head')}***@" if m.group("secret") else m[0], url)
+    """A URL fit for logs and terminals: the password replaced by ***.
+
+    Passwords may hold unescaped `@`, `:` or `/`, so the userinfo is taken to end at the LAST `@`
+    and the password to start at the first `:` in it; a stray `@` later on over-masks, never leaks.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if at:
+        user, colon, password = userinfo.partition(":")
+        if colon and password:
+            rest = f"{user}:***@{host}"
+    masked = f"{scheme}{sep}{rest}"
+    return _QUERY_SECRET.sub(lambda m: f"{m['key']}***", masked)

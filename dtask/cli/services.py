@@ -1,4 +1,4 @@
-"""`dtask up|down|worker|beat|flower|drain|migrate`: running dtask's processes and services."""
+"""`dtask up|down|worker|beat|flower|drain|migrate|config`: processes, services and settings."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     sub.add_parser("down", help="stop the embedded PostgreSQL and Redis").set_defaults(
         handler=_cmd_down
     )
+    config = sub.add_parser("config", help="print the effective DTASK_* settings, secrets masked")
+    config.set_defaults(handler=_cmd_config)
+    config.add_argument("--json", action="store_true")
     sub.add_parser(
         "worker",
         help="run a Celery worker with dtask's settings (extra options go to celery worker)",
@@ -62,6 +65,19 @@ def _cmd_down(args: argparse.Namespace) -> int:
     home = load().home
     stopped = embedded.stop(home)
     print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
+    return EXIT_OK
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    import json
+
+    from dtask import settings
+
+    found = settings.rows(settings.load())
+    if args.json:
+        print(json.dumps({row.name: {"value": row.value, "source": row.source} for row in found}))
+    else:
+        print("\n".join(settings.render(found)))
     return EXIT_OK
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from dtask import services
 from dtask.exceptions import ConfigurationError, DtaskError
 from dtask.services import embedded
-from dtask.settings import Settings, mask
+from dtask.settings import Settings, load, mask
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -43,14 +43,12 @@ def dtask_command(*args: str) -> list[str]:
 
 def flower_auth(address: str) -> str | None:
     """DTASK_FLOWER_AUTH (user:password); required when Flower listens beyond loopback."""
-    auth = os.environ.get("DTASK_FLOWER_AUTH") or None
-    if auth is not None and ":" not in auth:
-        raise ConfigurationError("DTASK_FLOWER_AUTH must be user:password")
+    auth = load().flower_auth
     if auth is None and address not in LOOPBACK:
         raise ConfigurationError(
             f"Flower would listen on {address} without a password: set DTASK_FLOWER_AUTH=user:pw"
         )
-    return auth
+    return None if auth is None else auth.get_secret_value()
 
 
 def free_port(preferred: int) -> int:
