@@ -32,6 +32,10 @@ class TooManyChildren(InvalidSplit):
     """The split would create more children than allowed (DTASK_MAX_CHILDREN)."""
 
 
+class SplitFailed(InvalidSplit):
+    """The template's own code (its split or rendering) raised an exception."""
+
+
 class InvalidSchedule(DtaskError):
     """The schedule's definition is invalid (cron, interval, time zone or policy)."""
 

@@ -51,8 +51,12 @@ class RecoveryStore:
             )
 
     def release_expired(self, limit: int = 1000) -> list[Redispatch]:
-        """Expired leases (their owner died or hung) -> pending again, to be re-sent at once.
+        """Expired leases (their owner died or hung) -> pending again; returns those of running
+        runs, to be re-sent at once.
 
+        Every expired row is released, whatever its run's state (a cancelled run's child whose
+        owner died keeps a stale lease otherwise), those of running runs first, so stale rows
+        never fill the limit ahead of children that can run.
         The dead owner's attempt stays counted, so a child that kills its process every time
         runs out of attempts instead of looping.
         """
@@ -62,15 +66,17 @@ class RecoveryStore:
                     "UPDATE dtask_children c SET state = 'pending', owner = NULL,"
                     " lease_expires_at = NULL, updated_at = now()"
                     " FROM dtask_runs r WHERE c.id IN ("
-                    "   SELECT id FROM dtask_children WHERE state = 'running'"
-                    "   AND lease_expires_at < now() ORDER BY lease_expires_at LIMIT :limit"
-                    "   FOR UPDATE SKIP LOCKED)"
-                    " AND r.id = c.run_id AND r.state = 'running'"
-                    " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+                    "   SELECT e.id FROM dtask_children e JOIN dtask_runs er ON er.id = e.run_id"
+                    "   WHERE e.state = 'running' AND e.lease_expires_at < now()"
+                    "   ORDER BY er.state = 'running' DESC, e.lease_expires_at LIMIT :limit"
+                    "   FOR UPDATE OF e SKIP LOCKED)"
+                    " AND r.id = c.run_id"
+                    " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue,"
+                    " r.state = 'running' AS resend"
                 ),
                 {"limit": limit},
             ).all()
-        return [_redispatch(r) for r in rows]
+        return [_redispatch(r) for r in rows if r.resend]
 
     def stalled_runs(self, stall: float) -> list[tuple[int, str | None]]:
         """(run id, queue) of running runs with pending children where no child has changed

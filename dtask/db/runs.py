@@ -258,10 +258,12 @@ class RunStore:
             )
             return RunState.SPLITTING
 
-    def finalize(self, run_id: int) -> RunState:
-        """running -> succeeded|failed once every child has finished; otherwise a no-op."""
+    def finalize(self, run_id: int, wait: bool = True) -> RunState:
+        """running -> succeeded|failed once every child has finished; otherwise a no-op.
+        With ``wait=False`` a run whose lock is held is left as it is."""
         with self.db.tx() as conn:
-            lock_run(conn, run_id)
+            if not lock_run(conn, run_id, wait):
+                return self._record(conn, run_id).state
             run = self._record(conn, run_id)
             if run.state.finished:
                 return run.state

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +18,9 @@ from dtask.domain.params import Param, as_param
 from dtask.domain.splitting import SplitStrategy, check_count, check_specs
 from dtask.exceptions import (
     ConfigurationError,
+    DtaskError,
     InvalidVariables,
+    SplitFailed,
     TemplateDefinitionError,
     UnknownTemplate,
 )
@@ -146,15 +149,32 @@ class Template:
     def plan(self, variables: Mapping[str, Any], max_children: int) -> list[dict[str, Any]]:
         """Validate, render and split: the child specs this trigger would run."""
         rendered = self.precheck(variables, max_children)
-        return check_specs(self.split(rendered), max_children)
+        with self._user_code("split"):
+            specs = self.split(rendered)
+        return check_specs(specs, max_children)
 
     def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
         """Validate and render; reject an oversized split early where the strategy can count."""
-        rendered = self.render(self.validate(variables))
+        with self._user_code("rendering"):
+            rendered = self.render(self.validate(variables))
         count = getattr(self.split, "count", None)
         if count is not None:
-            check_count(count(rendered), max_children)
+            with self._user_code("split"):
+                total = count(rendered)
+            check_count(total, max_children)
         return rendered
+
+    @contextmanager
+    def _user_code(self, what: str) -> Iterator[None]:
+        """Whatever the template's own code raises fails this trigger only, as a DtaskError."""
+        try:
+            yield
+        except DtaskError:
+            raise
+        except Exception as exc:
+            raise SplitFailed(
+                f"the {what} of template {self.name!r} raised {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _describe_params(self) -> str:
         return ", ".join(f"{n}: {p.type_name}" for n, p in self.params.items()) or "none"

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
+from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
@@ -28,6 +31,7 @@ from dtask.worker.tasks import run_master
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,37 +52,93 @@ def queue_size(queue: str) -> int:
         return int(declared.message_count)
 
 
+class Failures:
+    """A failing step or run is logged once, and again only when its error changes; the pass
+    goes on with the others."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int | None], str] = {}
+
+    def guard(self, step: str, run_id: int | None, action: Callable[[], T]) -> T | None:
+        key = (step, run_id)
+        try:
+            result = action()
+        except Exception as exc:
+            error = str(exc) if isinstance(exc, DtaskError) else f"{type(exc).__name__}: {exc}"
+            if self._last.get(key) != error:
+                if len(self._last) > 10_000:
+                    self._last.clear()
+                self._last[key] = error
+                where = "" if run_id is None else f" of run {run_id}"
+                log.error(
+                    "reaper: %s%s failed: %s", step, where, error,
+                    exc_info=not isinstance(exc, DtaskError),
+                )  # fmt: skip
+            return None
+        self._last.pop(key, None)
+        return result
+
+
+failures = Failures()
+
+
 def reap_once() -> Pass:
+    """One pass, if this worker holds the reaper's turn. Each step, and each run within a step,
+    is isolated: one that fails (user code, a held lock, a broken row) is logged and skipped."""
     config = services.current().settings
     store = services.store()
+    guard = failures.guard
     with store.recovery.turn(hold_for=config.lease_ttl) as leader:
         if not leader:
             return Pass(leader=False)
         finalized = 0
-        for run_id in store.recovery.unfinalized_runs(settled_for=CALLBACK_GRACE):
-            state = store.runs.finalize(run_id)
-            finalized += 1
-            log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
-        expired = store.recovery.release_expired()
-        if expired:
-            publish(expired)
-            for c in expired:
-                log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
+        for run_id in guard("finding unfinalized runs", None, _unfinalized) or []:
+            # never wait on a run's lock: whoever holds it is finalizing or changing the run
+            state = guard("finalize", run_id, partial(store.runs.finalize, run_id, wait=False))
+            if state is not None and state.finished:
+                finalized += 1
+                log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
+        expired = guard("releasing expired leases", None, _release_expired) or 0
         unstuck = 0
-        for run_id, state in store.recovery.stuck_runs(config.stall_timeout):
-            after = run_master(store, run_id, wait=False)
-            if after is not state:
+        for run_id, state in guard("finding stuck runs", None, _stuck) or []:
+            after = guard("restart", run_id, partial(run_master, store, run_id, wait=False))
+            if after is not None and after is not state:
                 unstuck += 1
                 log.warning("reaper: run %s was stuck in %s, now %s", run_id, state, after)
         resent = 0
-        for run_id, queue in store.recovery.stalled_runs(config.stall_timeout):
-            if queue_size(queue or DEFAULT_QUEUE) == 0:
-                lost = store.recovery.pending_children(run_id)
-                resent += publish(lost)
-                log.warning(
-                    "reaper: run %s stalled, re-sent %d pending children", run_id, len(lost)
-                )
-        return Pass(True, finalized, len(expired), unstuck, resent)
+        for run_id, queue in guard("finding stalled runs", None, _stalled) or []:
+            resent += guard("re-send", run_id, partial(_resend, run_id, queue)) or 0
+        return Pass(True, finalized, expired, unstuck, resent)
+
+
+def _unfinalized() -> list[int]:
+    return services.store().recovery.unfinalized_runs(settled_for=CALLBACK_GRACE)
+
+
+def _release_expired() -> int:
+    expired = services.store().recovery.release_expired()
+    if expired:
+        publish(expired)
+        for c in expired:
+            log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
+    return len(expired)
+
+
+def _stuck() -> list[tuple[int, RunState]]:
+    return services.store().recovery.stuck_runs(services.current().settings.stall_timeout)
+
+
+def _stalled() -> list[tuple[int, str | None]]:
+    return services.store().recovery.stalled_runs(services.current().settings.stall_timeout)
+
+
+def _resend(run_id: int, queue: str | None) -> int:
+    if queue_size(queue or DEFAULT_QUEUE) != 0:
+        return 0
+    lost = services.store().recovery.pending_children(run_id)
+    sent = publish(lost)
+    log.warning("reaper: run %s stalled, re-sent %d pending children", run_id, sent)
+    return sent
 
 
 class Reaper:

@@ -163,3 +163,12 @@ def routed(ctx: dtask.ChildContext, a: int, b: int) -> None:
     """Its children go to the 'special' queue only."""
     with _sink(ctx).open("a") as out:
         out.write(f"{os.getpid()}\n")
+
+
+def _split_with_a_bug(rendered: dict[str, int]) -> list[dict[str, int]]:
+    return [{"a": rendered["missing"]}]
+
+
+@dtask.template("broken_split", params={"n": int}, skeleton={"n": "${n}"}, split=_split_with_a_bug)
+def broken_split(ctx: dtask.ChildContext, a: int) -> None:
+    """Its split raises KeyError: user code with a bug."""

@@ -139,6 +139,29 @@ def test_custom_split_output_is_checked() -> None:
         too_many.plan({"n": 1}, max_children=10)
 
 
+class _CountingBug:
+    def __call__(self, rendered: Any) -> list[dict[str, Any]]:
+        return [{}]
+
+    def count(self, rendered: Any) -> int:
+        return int(rendered["nope"])
+
+
+@pytest.mark.parametrize(
+    ("split", "error"),
+    [
+        (lambda r: [{"a": r["missing"]}], "the split of template 't' raised KeyError: 'missing'"),
+        (lambda r: 1 / 0, "raised ZeroDivisionError: division by zero"),
+        (_CountingBug(), "the split of template 't' raised KeyError: 'nope'"),
+    ],
+)
+def test_user_code_that_raises_fails_the_plan_with_a_dtask_error(split: Any, error: str) -> None:
+    with pytest.raises(dtask.SplitFailed) as raised:
+        make(split=split).plan({"n": 1}, max_children=10)
+    assert error in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
 def test_registry_names_unknown_templates_and_refuses_clashes() -> None:
     reg = Registry()
     reg.add(make(name="one"))
