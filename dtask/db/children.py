@@ -57,8 +57,9 @@ class ChildStore:
         """Take the child (pending, or running with an expired lease): the fence moves.
 
         Every statement here is conditional on its own, so each commits by itself: no
-        transaction round trips on the path every child takes."""
-        with self.db.tx(autocommit=True, lease=True) as conn:
+        transaction round trips on the path every child takes. Durably: a claim lost in a
+        crash would hand its fence out again."""
+        with self.db.owner(durable=True) as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children SET state = 'running', attempt = attempt + 1,"
@@ -122,7 +123,7 @@ class ChildStore:
     ) -> None:
         """Write to a child we own: only while its fence is ours and it is running.
         A stale owner matches no row and gets LeaseLost."""
-        with self.db.tx(autocommit=True, lease=not durable) as conn:
+        with self.db.owner(durable) as conn:
             result = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
@@ -156,7 +157,7 @@ class ChildStore:
 
     def fail_attempt(self, claim: Claim, error: str) -> ChildState:
         """Record a failed attempt: back to pending for a retry, or failed when none are left."""
-        with self.db.tx(autocommit=True, lease=True) as conn:
+        with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children SET"
@@ -178,7 +179,7 @@ class ChildStore:
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
         None when the fence has moved (we lost the child)."""
-        with self.db.tx(autocommit=True, lease=True) as conn:
+        with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children c"

@@ -33,33 +33,44 @@ def lock_run(conn: Connection, run_id: int, wait: bool = True) -> bool:
 
 
 class Database:
-    """``lease_engine`` (an autocommit engine; default: ``engine`` in autocommit) runs a child
-    owner's claim, heartbeat and state writes. services.store() gives it sessions that do not
-    wait for the WAL flush: if PostgreSQL crashes, such a write may be lost, and the fence makes
-    that safe (a lost claim leaves the child pending, a lost finish leaves a lease that expires
-    and the child re-runs from its checkpoint). Checkpoints and every run transition stay
-    durable, and a durable commit also flushes every earlier asynchronous one."""
+    """``engine`` runs transactions. A child owner's writes are single conditional statements
+    on autocommit engines (``owner_engine``, and ``owner_async_engine``, whose sessions do not
+    wait for the WAL flush), so an owner frozen mid-write (SIGSTOP, a paused VM) never keeps a
+    row locked: the reaper skips locked rows and would otherwise never take the child over.
 
-    def __init__(self, engine: Engine, lease_engine: Engine | None = None) -> None:
+    What may be lost in a PostgreSQL crash goes asynchronously: heartbeats, finish, release (a
+    lost finish leaves a lease that expires, and the child re-runs from its checkpoint). What
+    may not goes durably: a claim (its fence must never go backwards, or two owners would hold
+    the same fence), checkpoints, and every run transition; a durable commit also flushes every
+    earlier asynchronous one."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        owner_engine: Engine | None = None,
+        owner_async_engine: Engine | None = None,
+    ) -> None:
         self.engine = engine
-        self.lease_engine = lease_engine or engine.execution_options(isolation_level="AUTOCOMMIT")
+        autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.owner_engine = owner_engine or autocommit
+        self.owner_async_engine = owner_async_engine or autocommit
 
     @contextmanager
-    def tx(self, autocommit: bool = False, lease: bool = False) -> Iterator[Connection]:
-        """A transaction; or, with ``autocommit``, a connection whose every statement commits
-        on its own. A child owner's writes are single conditional statements run that way, so
-        an owner frozen mid-write (SIGSTOP, a paused VM) never keeps the row locked: the reaper
-        skips locked rows and would otherwise never take the child over."""
+    def tx(self) -> Iterator[Connection]:
+        with self._errors(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def owner(self, durable: bool) -> Iterator[Connection]:
+        """A connection whose every statement commits on its own (see the class)."""
+        engine = self.owner_engine if durable else self.owner_async_engine
+        with self._errors(), engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
         try:
-            if lease:  # an autocommit engine: no isolation switch per checkout
-                with self.lease_engine.connect() as c:
-                    yield c
-            elif autocommit:
-                with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-                    yield c
-            else:
-                with self.engine.begin() as conn:
-                    yield conn
+            yield
         except OperationalError as exc:
             raise unreachable(exc, self.engine) from None
         except ProgrammingError as exc:

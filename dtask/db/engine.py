@@ -13,19 +13,20 @@ from sqlalchemy.pool import ConnectionPoolEntry
 
 from dtask.exceptions import DatabaseUnavailable
 
-_engines: dict[tuple[int, str, bool], Engine] = {}
+_engines: dict[tuple[int, str, bool, bool], Engine] = {}
 _lock = threading.Lock()
 
 
-def engine_for(url: str, durable: bool = True) -> Engine:
+def engine_for(url: str, durable: bool = True, owner: bool = False) -> Engine:
     """The process's engine for ``url``.
 
-    ``durable=False`` is for a child owner's own lease writes only, the statements every child
-    runs: its sessions commit without waiting for the WAL flush (synchronous_commit=off) and
-    its connections are pinged only after sitting idle (the callers retry a write that still
-    finds its connection dead). Everything else pings on every checkout (pool_pre_ping), so a
-    PostgreSQL restart never fails a client's read or a run transition."""
-    key = (os.getpid(), url, durable)
+    ``owner=True`` is for a child owner's own single-statement writes, the statements every
+    child runs: autocommit, and connections pinged only after sitting idle (the callers retry a
+    write that still finds its connection dead). With ``durable=False`` as well, its sessions
+    commit without waiting for the WAL flush (heartbeats, finish, release: losing one in a
+    crash is safe, the fence and the lease see to it). Everything else pings on every checkout
+    (pool_pre_ping), so a PostgreSQL restart never fails a client's read or a run transition."""
+    key = (os.getpid(), url, durable, owner)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
@@ -35,19 +36,20 @@ def engine_for(url: str, durable: bool = True) -> Engine:
                 "application_name": f"dtask:{os.getpid()}",
             }
             options: dict[str, Any] = {}
-            if not durable:
-                connect_args["options"] = "-c synchronous_commit=off"
+            if owner:
                 options["isolation_level"] = "AUTOCOMMIT"  # single-statement writes only
+                if not durable:
+                    connect_args["options"] = "-c synchronous_commit=off"
             engine = create_engine(
                 url,
-                pool_pre_ping=durable,
+                pool_pre_ping=not owner,
                 pool_use_lifo=True,  # the hot connection is reused, the spare ones go idle
                 pool_size=4,
                 max_overflow=8,
                 connect_args=connect_args,
                 **options,
             )
-            if not durable:
+            if owner:
                 _ping_idle_connections(engine)
             _engines[key] = engine
         return engine

@@ -17,10 +17,15 @@ from dtask.db.schedules import ScheduleStore
 
 class Store:
     """``store.runs``, ``store.children``, ``store.recovery`` and ``store.schedules`` share one
-    database (its engines); see ``Database`` for the lease engine."""
+    database (its engines); see ``Database`` for the child owners' engines."""
 
-    def __init__(self, engine: Engine, lease_engine: Engine | None = None) -> None:
-        self.db = Database(engine, lease_engine)
+    def __init__(
+        self,
+        engine: Engine,
+        owner_engine: Engine | None = None,
+        owner_async_engine: Engine | None = None,
+    ) -> None:
+        self.db = Database(engine, owner_engine, owner_async_engine)
         self.engine = engine
         self.runs = RunStore(self.db)
         self.children = ChildStore(self.db)

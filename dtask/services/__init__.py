@@ -60,7 +60,11 @@ def store() -> Store:
     if url not in _migrated:
         schema.ensure(engine)
         _migrated.add(url)
-    return Store(engine, lease_engine=engine_for(url, durable=False))
+    return Store(
+        engine,
+        owner_engine=engine_for(url, owner=True),
+        owner_async_engine=engine_for(url, durable=False, owner=True),
+    )
 
 
 def load_templates(config: Settings | None = None) -> None:

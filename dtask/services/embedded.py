@@ -147,20 +147,21 @@ def restart_redis(home: Path) -> None:
     ensure_redis(home)
 
 
-def restart_postgres(home: Path) -> None:
-    """Restart the embedded PostgreSQL (fast shutdown: every session is cut)."""
+def restart_postgres(home: Path, crash: bool = False) -> None:
+    """Restart the embedded PostgreSQL: a fast shutdown cuts every session; ``crash`` stops it
+    as a crash would (immediate mode: no checkpoint, WAL not yet flushed is lost)."""
     with _locked(home):
-        _pg_ctl(home, "restart")
+        _pg_ctl(home, "restart", mode="immediate" if crash else "fast")
 
 
-def _pg_ctl(home: Path, action: str) -> bool:
+def _pg_ctl(home: Path, action: str, mode: str = "fast") -> bool:
     pgdata = home / "postgres"
     if not (pgdata / "postmaster.pid").exists():
         return False
     commands = _quiet_import_pgserver()._commands
     user = "pgserver" if os.geteuid() == 0 else None  # pgserver runs postgres as this user
     try:
-        commands.pg_ctl(["-w", "-m", "fast", action], pgdata=pgdata, user=user)
+        commands.pg_ctl(["-w", "-m", mode, action], pgdata=pgdata, user=user)
     except subprocess.CalledProcessError:
         return False
     return True
