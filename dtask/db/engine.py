@@ -92,9 +92,18 @@ def _forget_inherited_engines() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_engines)
 
 
+# SQLSTATEs of a lost or refused connection; any other state is the server's answer.
+_CONNECTION_STATES = ("08", "57P01", "57P02", "57P03")
+
+
 def unreachable(exc: OperationalError, engine: Engine) -> DatabaseUnavailable:
+    """The one-line error for an OperationalError: the connection, or the server's real cause
+    (a deadlock, a full disk, a cancelled statement), named as such."""
     reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-    return DatabaseUnavailable(
-        f"cannot reach PostgreSQL at {engine.url.render_as_string(hide_password=True)}:"
-        f" {reason} (is it running? set DTASK_DATABASE_URL)"
-    )
+    where = engine.url.render_as_string(hide_password=True)
+    state = getattr(exc.orig, "sqlstate", None)
+    if state is None or state.startswith(_CONNECTION_STATES):
+        return DatabaseUnavailable(
+            f"cannot reach PostgreSQL at {where}: {reason} (is it running? set DTASK_DATABASE_URL)"
+        )
+    return DatabaseUnavailable(f"PostgreSQL at {where} refused: {reason} (SQLSTATE {state})")
