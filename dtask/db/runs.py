@@ -33,6 +33,7 @@ class RunRecord:
     group_id: str | None
     chord_size: int | None
     dispatches: int
+    age: float = 0.0  # seconds since the run was created, by PostgreSQL's clock
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class RunStore:
         row = conn.execute(
             sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
-                " child_total, group_id, chord_size, dispatches FROM dtask_runs WHERE id = :id"
+                " child_total, group_id, chord_size, dispatches,"
+                " extract(epoch FROM now() - created_at) AS age FROM dtask_runs WHERE id = :id"
             ),
             {"id": run_id},
         ).first()
@@ -124,6 +126,7 @@ class RunStore:
             group_id=row.group_id,
             chord_size=row.chord_size,
             dispatches=row.dispatches,
+            age=float(row.age),
         )
 
     def split(

@@ -27,7 +27,7 @@ from dtask.exceptions import DtaskError
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
-from dtask.worker.tasks import run_master
+from dtask.worker.tasks import TemplateElsewhere, run_master
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -101,7 +101,7 @@ def reap_once() -> Pass:
         expired = guard("releasing expired leases", None, _release_expired) or 0
         unstuck = 0
         for run_id, state in guard("finding stuck runs", None, _stuck) or []:
-            after = guard("restart", run_id, partial(run_master, store, run_id, wait=False))
+            after = guard("restart", run_id, partial(_restart, run_id, state))
             if after is not None and after is not state:
                 unstuck += 1
                 log.warning("reaper: run %s was stuck in %s, now %s", run_id, state, after)
@@ -130,6 +130,13 @@ def _stuck() -> list[tuple[int, RunState]]:
 
 def _stalled() -> list[tuple[int, str | None]]:
     return services.store().recovery.stalled_runs(services.current().settings.stall_timeout)
+
+
+def _restart(run_id: int, state: RunState) -> RunState:
+    try:
+        return run_master(services.store(), run_id, wait=False)
+    except TemplateElsewhere:
+        return state  # left to a worker that knows the template (the reaper runs everywhere)
 
 
 def _resend(run_id: int, queue: str | None) -> int:

@@ -29,13 +29,16 @@ from dtask.exceptions import (
     DatabaseUnavailable,
     DtaskError,
     LeaseLost,
+    UnknownTemplate,
 )
+from dtask.settings import Settings
 from dtask.worker import drain
 from dtask.worker.app import app
 from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
 from dtask.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("dtask.worker")
+MASTER_RETRY = 1.0  # seconds before a master this worker could not run is offered again
 
 
 T = TypeVar("T")
@@ -45,13 +48,33 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class TemplateElsewhere(Exception):
+    """This worker cannot load the run's template; another worker may (a rolling deploy)."""
+
+
+def template_wait(settings: Settings) -> float:
+    """How long a run's master is left to workers that know its template before it fails."""
+    return 4 * settings.stall_timeout
+
+
 def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
     """Split and dispatch ``run_id`` if that has not happened yet (the master task's body,
-    also called by the reaper for stuck runs)."""
-    max_children = services.current().settings.max_children
+    also called by the reaper for stuck runs). Raises TemplateElsewhere, leaving the run
+    pending, when this worker does not know the template and others may still take it."""
+    settings = services.current().settings
 
     def plan(run: RunRecord) -> list[dict[str, Any]]:
-        return registry.get(run.template).plan(run.variables, max_children)
+        try:
+            template = registry.get(run.template)
+        except UnknownTemplate as exc:
+            bound = template_wait(settings)
+            if run.age < bound:
+                raise TemplateElsewhere(str(exc)) from None
+            raise UnknownTemplate(
+                f"no worker that took run {run.id} knows template {run.template!r} (tried for"
+                f" {bound:g} s; load it on the workers with DTASK_TEMPLATES)"
+            ) from None
+        return template.plan(run.variables, settings.max_children)
 
     state = store.runs.split(run_id, plan, wait=wait)
     if state is RunState.SPLITTING:
@@ -59,9 +82,13 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
     return state
 
 
-@app.task(name=MASTER, bind=True, acks_late=True, ignore_result=True)
+@app.task(name=MASTER, bind=True, acks_late=True, ignore_result=True, max_retries=None)
 def master(self: Task, run_id: int) -> None:
-    state = run_master(services.store(), run_id)
+    try:
+        state = run_master(services.store(), run_id)
+    except TemplateElsewhere as exc:
+        log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
+        raise self.retry(countdown=MASTER_RETRY, max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
 
 

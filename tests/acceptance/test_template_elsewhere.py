@@ -1,0 +1,63 @@
+"""A worker that cannot load a run's template leaves the run to workers that can (a rolling
+deploy), and the run fails only when none took it within the bound, saying so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dtask import services, submit
+from dtask.domain.runs import RunState
+from tests.conftest import WorkerProcess
+from tests.support.db import wait_for
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def without_the_template(
+    request: pytest.FixtureRequest, dtask_env: dict[str, str], tmp_path: Path
+) -> Iterator[WorkerProcess]:
+    stall = request.param  # DTASK_STALL_TIMEOUT: the bound is 4 x this
+    env = {**dtask_env, "DTASK_TEMPLATES": "", "DTASK_STALL_TIMEOUT": str(stall)}
+    worker = WorkerProcess(env, tmp_path / "without.log", "-c", "1")
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
+
+
+def state(run_id: int) -> RunState:
+    return services.store().runs.status(run_id).state
+
+
+@pytest.mark.parametrize("without_the_template", [15], indirect=True)
+def test_the_run_waits_for_a_worker_that_knows_its_template(
+    without_the_template: WorkerProcess, dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    run = submit("slow_range", {"n": 20, "delay": 0.0})
+    wait_for(lambda: "leaving its master to another worker" in without_the_template.output(),
+             60, "the worker without the template to pass the master on")  # fmt: skip
+    time.sleep(1)
+    assert state(run.id) is RunState.PENDING
+    knows = WorkerProcess(dtask_env, tmp_path / "knows.log", "-c", "1")
+    try:
+        knows.wait_ready()
+        assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    finally:
+        knows.stop()
+
+
+@pytest.mark.parametrize("without_the_template", [2], indirect=True)
+def test_the_run_fails_when_no_worker_knew_its_template_within_the_bound(
+    without_the_template: WorkerProcess,
+) -> None:
+    run = submit("slow_range", {"n": 20, "delay": 0.0})
+    status = run.wait(timeout=90)
+    assert status.state is RunState.FAILED
+    assert f"no worker that took run {run.id} knows template 'slow_range'" in (status.error or "")
+    assert "tried for 8 s" in (status.error or "")
