@@ -122,6 +122,7 @@ def _print_schedule(schedule: Any, as_json: bool) -> None:
     from datetime import UTC, datetime
 
     from dtask import services
+    from dtask.domain.cron import Cron
     from dtask.domain.schedules import zone
 
     row = schedule.as_json(datetime.now(UTC))
@@ -132,6 +133,8 @@ def _print_schedule(schedule: Any, as_json: bool) -> None:
     state = "enabled" if row["enabled"] else "paused"
     print(f"schedule {schedule.name}  {schedule.template}  {state}")
     print(f"  when       {timing.describe()}")
+    if isinstance(timing.trigger, Cron) and (meaning := timing.trigger.explain()):
+        print(f"  meaning    {meaning}")
     print(f"  variables  {json.dumps(schedule.variables)}")
     misfire = f"{timing.misfire.value} (a slot over {timing.grace:g} s late was missed"
     if row["misfire"] == "catch_up":

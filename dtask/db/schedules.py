@@ -15,7 +15,8 @@ from sqlalchemy import Connection, Row, text
 
 from dtask.db.database import Database
 from dtask.db.runs import NewRun, insert_run
-from dtask.domain.schedules import Cron, Misfire, Overlap, Schedule, Timing
+from dtask.domain.cron import Cron
+from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing
 from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
 
 _COLUMNS = (

@@ -1,34 +1,27 @@
-"""Schedules: cron and interval triggers, their slots in a time zone, misfire and overlap rules.
+"""Schedules: cron and interval triggers, their slots, misfire and overlap rules.
 
 Pure: no Celery, no SQL. A *slot* is an aware UTC datetime at which a schedule is due; a slot
 fires at most once because its trigger key (``schedule:<name>:<slot>``) is unique in PostgreSQL.
-
-Daylight saving time, for cron in a time zone (the rule of Vixie cron and cronie):
-- a wall time that does not exist (spring forward) fires at the same offset from the jump,
-  e.g. 02:30 in Europe/Berlin on the last Sunday of March fires at 03:30 CEST;
-- a wall time that happens twice (fall back) fires once, at its first occurrence,
-- except for *wildcard* schedules, whose second, minute or hour field starts with ``*``: they
-  follow real time, firing in both passes of a repeated hour and not in a skipped one.
+Cron expressions and their DST rules are in ``dtask.domain.cron``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from bisect import bisect_left
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from functools import cached_property
 from typing import Any, Protocol, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from dtask.domain.cron import Cron
 from dtask.exceptions import InvalidSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_DST_REACH = timedelta(hours=3)  # larger than any real UTC offset change
-_SEARCH_YEARS = 30  # a cron that matches nothing in this many years never fires (e.g. 30 Feb)
 
 
 class Misfire(StrEnum):
@@ -80,194 +73,11 @@ def iso(slot: datetime) -> str:
     return f"{text}.{utc.microsecond:06d}Z" if utc.microsecond else f"{text}Z"
 
 
-# --- cron -----------------------------------------------------------------------------------
-
-_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
-_MACROS = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-_TERM = re.compile(r"^(?:(\*)|([a-z0-9]+)(?:-([a-z0-9]+))?)(?:/(\d+))?$")
-
-
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    low: int
-    high: int
-    names: Mapping[str, int] = field(default_factory=dict)
-
-    def parse(self, text: str) -> frozenset[int]:
-        values: set[int] = set()
-        for term in text.lower().split(","):
-            match = _TERM.match(term)
-            if match is None:
-                raise InvalidSchedule(f"cron {self.name} field: cannot read {term!r}")
-            star, first, last, step_text = match.groups()
-            step = int(step_text) if step_text else 1
-            if step < 1:
-                raise InvalidSchedule(f"cron {self.name} field: step must be >= 1 in {term!r}")
-            if star:
-                low, high = self.low, self.high
-            else:
-                low = self._value(first)
-                high = self._value(last) if last else (self.high if step_text else low)
-            if low > high:
-                raise InvalidSchedule(f"cron {self.name} field: range {term!r} runs backwards")
-            values.update(range(low, high + 1, step))
-        return frozenset(values)
-
-    def _value(self, token: str) -> int:
-        value = self.names.get(token)
-        if value is None:
-            if not token.isdigit():
-                raise InvalidSchedule(f"cron {self.name} field: unknown value {token!r}")
-            value = int(token)
-        if not self.low <= value <= self.high:
-            raise InvalidSchedule(
-                f"cron {self.name} field: {value} is outside {self.low}-{self.high}"
-            )
-        return value
-
-
-_SECOND = _Field("second", 0, 59)
-_MINUTE = _Field("minute", 0, 59)
-_HOUR = _Field("hour", 0, 23)
-_DOM = _Field("day-of-month", 1, 31)
-_MONTH = _Field("month", 1, 12, {m: i + 1 for i, m in enumerate(_MONTHS)})
-_DOW = _Field("day-of-week", 0, 7, {d: i for i, d in enumerate(_DAYS)})
-
-
-@dataclass(frozen=True)
-class Cron:
-    """``minute hour day-of-month month day-of-week``, or six fields with seconds first.
-
-    ``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, month and day names, 0 or 7 for Sunday, and the
-    @hourly/@daily/@weekly/@monthly/@yearly macros. When both day fields are restricted (do not
-    start with ``*``) a day matches if either does, as in Vixie cron.
-    """
-
-    expression: str
-    seconds: frozenset[int]
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    days_restricted: bool
-    weekdays_restricted: bool
-    wildcard: bool  # follows real time across DST changes (see the module's docstring)
-
-    @classmethod
-    def parse(cls, expression: str) -> Cron:
-        text = _MACROS.get(expression.strip().lower(), expression)
-        parts = text.split()
-        if len(parts) == 5:
-            parts = ["0", *parts]
-        if len(parts) != 6:
-            raise InvalidSchedule(
-                f"cron {expression!r} must have 5 fields (minute hour day month weekday)"
-                " or 6 with seconds first"
-            )
-        second, minute, hour, dom, month, dow = parts
-        return cls(
-            expression=expression.strip(),
-            seconds=_SECOND.parse(second),
-            minutes=_MINUTE.parse(minute),
-            hours=_HOUR.parse(hour),
-            days=_DOM.parse(dom),
-            months=_MONTH.parse(month),
-            weekdays=frozenset(d % 7 for d in _DOW.parse(dow)),
-            days_restricted=not dom.startswith("*"),
-            weekdays_restricted=not dow.startswith("*"),
-            wildcard=any(f.startswith("*") for f in (second, minute, hour)),
-        )
-
-    def describe(self) -> str:
-        return f"cron {self.expression}"
-
-    def _day_matches(self, day: date) -> bool:
-        in_month = day.day in self.days
-        in_week = (day.weekday() + 1) % 7 in self.weekdays
-        if self.days_restricted and self.weekdays_restricted:
-            return in_month or in_week
-        return in_month and in_week
-
-    def next_wall(self, after: datetime) -> datetime | None:
-        """The first naive wall time after ``after`` that matches every field."""
-        t = after.replace(microsecond=0) + timedelta(seconds=1)
-        last_year = after.year + _SEARCH_YEARS
-        while t.year <= last_year:
-            if t.month not in self.months:
-                t = datetime(t.year + t.month // 12, t.month % 12 + 1, 1)
-            elif not self._day_matches(t.date()):
-                t = datetime(t.year, t.month, t.day) + timedelta(days=1)
-            elif (hour := _at_or_after(self._sorted.hours, t.hour)) != t.hour:
-                day = datetime(t.year, t.month, t.day)
-                t = day + timedelta(days=1) if hour is None else day.replace(hour=hour)
-            elif (minute := _at_or_after(self._sorted.minutes, t.minute)) != t.minute:
-                top = t.replace(minute=0, second=0)
-                t = top + timedelta(hours=1) if minute is None else top.replace(minute=minute)
-            elif (second := _at_or_after(self._sorted.seconds, t.second)) != t.second:
-                top = t.replace(second=0)
-                t = top + timedelta(minutes=1) if second is None else top.replace(second=second)
-            else:
-                return t
-        return None
-
-    @cached_property
-    def _sorted(self) -> _Sorted:
-        return _Sorted(sorted(self.hours), sorted(self.minutes), sorted(self.seconds))
-
-
-@dataclass(frozen=True)
-class _Sorted:
-    hours: list[int]
-    minutes: list[int]
-    seconds: list[int]
-
-
-def _at_or_after(values: list[int], value: int) -> int | None:
-    i = bisect_left(values, value)
-    return values[i] if i < len(values) else None
-
-
-def _instants(wall: datetime, tz: ZoneInfo, wildcard: bool) -> list[datetime]:
-    """The UTC instants at which a matching wall time fires (see the module's DST rules)."""
-    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
-    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
-    exists = first.astimezone(tz).replace(tzinfo=None) == wall
-    if not exists:  # skipped by a spring-forward jump; fold=0 shifts it past the jump
-        return [] if wildcard else [first]
-    if first != second:  # a fall-back repeat
-        return [first, second] if wildcard else [first]
-    return [first]
-
-
-def _offsets(tz: ZoneInfo, instant: datetime) -> tuple[timedelta, timedelta]:
-    """The smallest and largest UTC offset of ``tz`` within a few hours of ``instant``."""
-    offsets = [
-        (instant + d).astimezone(tz).utcoffset() or timedelta(0)
-        for d in (-_DST_REACH, timedelta(0), _DST_REACH)
-    ]
-    return min(offsets), max(offsets)
-
-
-def _naive(instant: datetime) -> datetime:
-    return instant.astimezone(UTC).replace(tzinfo=None)
-
-
 # --- triggers -------------------------------------------------------------------------------
 
 
 class Trigger(Protocol):
-    def next_slot(self, after: datetime) -> datetime | None: ...
+    def slots(self, after: datetime) -> Iterator[datetime]: ...
 
     def describe(self) -> str: ...
 
@@ -280,22 +90,8 @@ class CronTrigger:
     def describe(self) -> str:
         return f"{self.cron.describe()} ({self.tz.key})"
 
-    def next_slot(self, after: datetime) -> datetime | None:
-        """The first slot strictly after ``after`` (aware), as an aware UTC datetime."""
-        tz, cron = self.tz, self.cron
-        # A wall time w fires at w - offset(w). Offsets change near a DST jump, so the walls
-        # worth trying run from after + the smallest nearby offset up to best + the largest.
-        low, _ = _offsets(tz, after)
-        wall = cron.next_wall(_naive(after + low))
-        best: datetime | None = None
-        bound: datetime | None = None
-        while (w := wall) is not None and (bound is None or w < bound):
-            wall = cron.next_wall(w)
-            for instant in _instants(w, tz, cron.wildcard):
-                if instant > after and (best is None or instant < best):
-                    best = instant
-                    bound = _naive(best + _offsets(tz, best)[1])
-        return best
+    def slots(self, after: datetime) -> Iterator[datetime]:
+        return self.cron.slots(after, self.tz)
 
 
 @dataclass(frozen=True)
@@ -308,9 +104,16 @@ class Every:
     def describe(self) -> str:
         return f"every {self.seconds} s"
 
-    def next_slot(self, after: datetime) -> datetime | None:
+    def slots(self, after: datetime) -> Iterator[datetime]:
+        """The slots strictly after ``after``, ascending, until time runs out at year 9999."""
         step = timedelta(seconds=self.seconds)
-        return self.anchor + ((after - self.anchor) // step + 1) * step
+        try:
+            slot = self.anchor + ((after - self.anchor) // step + 1) * step
+            while True:
+                yield slot
+                slot += step
+        except OverflowError:
+            return
 
     def latest_slot(self, until: datetime) -> datetime:
         step = timedelta(seconds=self.seconds)
@@ -383,24 +186,27 @@ class Timing:
         return self.source.describe()
 
     def next_slot(self, after: datetime) -> datetime | None:
-        if self.start_at is not None and after < self.start_at:
-            after = self.start_at - timedelta(microseconds=1)
-        slot = self.source.next_slot(after)
-        if slot is None or (self.end_at is not None and slot > self.end_at):
-            return None
-        return slot
+        return next(self._walk(after), None)
 
     def slots(self, after: datetime, until: datetime, limit: int) -> list[datetime]:
         """Up to ``limit`` slots in (after, until], oldest first."""
-        found: list[datetime] = []
-        slot = self.next_slot(after)
-        while slot is not None and slot <= until and len(found) < limit:
-            found.append(slot)
-            slot = self.next_slot(slot)
-        return found
+        due = itertools.takewhile(lambda slot: slot <= until, self._walk(after))
+        return list(itertools.islice(due, limit))
+
+    def upcoming(self, after: datetime, count: int) -> Iterator[datetime]:
+        return itertools.islice(self._walk(after), count)
+
+    def _walk(self, after: datetime) -> Iterator[datetime]:
+        """The slots after ``after``, within the start and the end, ascending."""
+        if self.start_at is not None and after < self.start_at:
+            after = self.start_at - timedelta(microseconds=1)
+        for slot in self.source.slots(after):
+            if self.end_at is not None and slot > self.end_at:
+                return
+            yield slot
 
     def latest_slot(self, after: datetime, until: datetime) -> datetime | None:
-        """The last slot in (after, until], without walking every slot from ``after``."""
+        """The last slot in (after, until], mostly without walking every slot from ``after``."""
         source = self.source
         if isinstance(source, Every):
             if self.end_at is not None:
@@ -408,12 +214,16 @@ class Timing:
             slot = source.latest_slot(until)
             starts = self.start_at or after
             return slot if slot > after and slot >= starts else None
+        shortcut = isinstance(source, CronTrigger) and source.cron.start_independent(
+            source.tz, after, until
+        )
         reach = timedelta(hours=1)
         while True:
-            low = max(after, until - reach)
-            found = self.slots(low, until, limit=10**6)
-            if found or low == after:
-                return found[-1] if found else None
+            low = max(after, until - reach) if shortcut else after
+            due = itertools.takewhile(lambda slot: slot <= until, self._walk(low))
+            latest = next(iter(deque(due, maxlen=1)), None)
+            if latest is not None or low == after:
+                return latest
             reach *= 8
 
     def plan(
@@ -475,14 +285,6 @@ class Timing:
                 dropped.append(slot)
         return fire, dropped, buffered
 
-    def upcoming(self, after: datetime, count: int) -> Iterator[datetime]:
-        slot = self.next_slot(after)
-        for _ in range(count):
-            if slot is None:
-                return
-            yield slot
-            slot = self.next_slot(slot)
-
 
 def make_timing(
     *,
@@ -511,11 +313,7 @@ def make_timing(
         start_at=start_at,
         end_at=end_at,
     )
-    try:
-        upcoming = timing.next_slot(now or datetime.now(UTC))
-    except OverflowError:
-        upcoming = None
-    if upcoming is None:
+    if timing.next_slot(now or datetime.now(UTC)) is None:
         bounded = " within its start and end" if start_at or end_at else ""
         raise InvalidSchedule(f"schedule {timing.describe()} never fires{bounded}")
     return timing

@@ -266,7 +266,8 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["print_range", "-v", "n=5", "--cron", "61 * * * *"], "cron minute field: 61"),
+        (["print_range", "-v", "n=5", "--cron", "61 * * * *"], "'61 * * * *': bad minute field"),
+        (["print_range", "-v", "n=5", "--cron", "0 0 30 2 *"], "never fires"),
         (["print_range", "-v", "n=abc", "--every", "5"], "variable 'n' must be int"),
         (["print_range", "--every", "5"], "needs 'n'"),
         (["print_range", "-v", "n=5", "-v", "m=1", "--every", "5"], "has no parameter 'm'"),

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from dtask.domain.cron import Cron
 from dtask.domain.schedules import (
-    Cron,
     Misfire,
     Overlap,
     Schedule,
@@ -57,6 +58,19 @@ def upcoming(expr: str, tz: str, after: str, count: int) -> list[str]:
         ("0 12 * jan,jul 0", "UTC", "2026-06-01T00:00",  # 0 is Sunday
          ["07-05 12:00:00+0000", "07-12 12:00:00+0000"]),
         ("0 12 * * 7", "UTC", "2026-07-01T00:00", ["07-05 12:00:00+0000"]),  # so is 7
+        ("0 18 L * *", "UTC", "2028-01-15T00:00",  # L: the month's last day (2028 is leap)
+         ["01-31 18:00:00+0000", "02-29 18:00:00+0000", "03-31 18:00:00+0000"]),
+        ("0 18 LW * *", "UTC", "2026-01-15T00:00",  # LW: its last weekday (Jan 31 is a Sat)
+         ["01-30 18:00:00+0000", "02-27 18:00:00+0000", "03-31 18:00:00+0000"]),
+        ("0 9 * * 5L", "UTC", "2026-01-01T00:00",  # 5L: its last Friday
+         ["01-30 09:00:00+0000", "02-27 09:00:00+0000"]),
+        ("0 9 * * mon#2", "UTC", "2026-01-01T00:00",  # #2: its second Monday
+         ["01-12 09:00:00+0000", "02-09 09:00:00+0000"]),
+        ("0 0 1 * sun#1", "UTC", "2026-01-02T00:00",  # both day fields restricted: either
+         ["01-04 00:00:00+0000", "02-01 00:00:00+0000", "03-01 00:00:00+0000"]),
+        ("30 15 10 * * *", "Europe/Berlin", "2026-01-01T10:15:31",  # six fields: 10:15:30
+         ["01-02 10:15:30+0100", "01-03 10:15:30+0100"]),
+        ("@hourly", "UTC", "2026-01-01T10:00", ["01-01 11:00:00+0000"]),
     ],
 )  # fmt: skip
 def test_cron_slots(expr: str, tz: str, after: str, expected: list[str]) -> None:
@@ -66,10 +80,15 @@ def test_cron_slots(expr: str, tz: str, after: str, expected: list[str]) -> None
 @pytest.mark.parametrize(
     ("case", "expr", "tz", "after", "expected"),
     [
-        # Spring forward: 02:00-03:00 does not exist. A fixed-hour slot fires shifted past
-        # the jump; a job for every hour follows real time and has no 02:xx that day.
+        # Spring forward: 02:00-03:00 does not exist. A fixed-hour slot fires at the first
+        # minute after the gap (Debian cron); a job for every hour follows real time and has
+        # no 02:xx that day, and so does any six-field expression.
         ("berlin spring, fixed hour", "30 2 * * *", "Europe/Berlin", "2026-03-28T12:00",
-         ["03-29 03:30:00+0200", "03-30 02:30:00+0200"]),
+         ["03-29 03:00:00+0200", "03-30 02:30:00+0200"]),
+        ("berlin spring, two in the gap", "15,45 2 * * *", "Europe/Berlin", "2026-03-28T12:00",
+         ["03-29 03:00:00+0200", "03-30 02:15:00+0200"]),  # both move to 03:00: run once
+        ("berlin spring, six fields", "0 30 2 * * *", "Europe/Berlin", "2026-03-28T12:00",
+         ["03-30 02:30:00+0200"]),
         ("berlin spring, every hour", "*/30 * * * *", "Europe/Berlin", "2026-03-29T01:00",
          ["03-29 01:30:00+0100", "03-29 03:00:00+0200", "03-29 03:30:00+0200"]),
         ("berlin spring, minute *", "* 2 * * *", "Europe/Berlin", "2026-03-29T00:00",
@@ -83,8 +102,14 @@ def test_cron_slots(expr: str, tz: str, after: str, expected: list[str]) -> None
         ("berlin fall, every hour", "*/30 * * * *", "Europe/Berlin", "2026-10-25T01:45",
          ["10-25 02:00:00+0200", "10-25 02:30:00+0200", "10-25 02:00:00+0100",
           "10-25 02:30:00+0100", "10-25 03:00:00+0100"]),
+        ("berlin fall, six fields", "0 30 2 * * *", "Europe/Berlin", "2026-10-24T12:00",
+         ["10-25 02:30:00+0200", "10-25 02:30:00+0100", "10-26 02:30:00+0100"]),
         ("new york spring, fixed hour", "0 2 * * *", "America/New_York", "2026-03-07T12:00",
          ["03-08 03:00:00-0400", "03-09 02:00:00-0400"]),
+        ("lord howe spring, 30 min", "45 2 * * *", "Australia/Lord_Howe", "2026-10-03T12:00",
+         ["10-04 02:45:00+1100", "10-05 02:45:00+1100"]),  # 02:00-02:30 is skipped, not 02:45
+        ("lord howe spring, in the gap", "15 2 * * *", "Australia/Lord_Howe", "2026-10-03T12:00",
+         ["10-04 02:30:00+1100", "10-05 02:15:00+1100"]),
         ("new york spring, every hour", "15 * * * *", "America/New_York", "2026-03-08T00:30",
          ["03-08 01:15:00-0500", "03-08 03:15:00-0400"]),
         ("new york fall, fixed hour", "30 1 * * *", "America/New_York", "2026-10-31T12:00",
@@ -98,20 +123,37 @@ def test_cron_across_dst(case: str, expr: str, tz: str, after: str, expected: li
 
 
 @pytest.mark.parametrize(
-    ("after", "expected"),
+    ("expr", "expected"),
     [
-        # From inside the first pass of the repeated hour: the second pass is still to come.
-        ("2026-10-25T00:10:00", "2026-10-25T00:15:00"),  # 02:15 CEST
-        ("2026-10-25T00:50:00", "2026-10-25T01:00:00"),  # 02:00 CET, the second pass
-        # From just after the spring jump: the shifted 02:xx slot lands after it.
-        ("2026-03-29T01:10:00", "2026-03-29T01:15:00"),
+        ("56 */3 * * *", ["04-05 03:56:00+1245", "04-05 06:56:00+1245"]),
+        ("0 56 3 * * *", ["04-05 03:56:00+1245", "04-06 03:56:00+1245"]),
+        ("* 0,56 3 * * *", ["04-05 03:56:00+1245", "04-05 03:56:01+1245"]),  # no 03:00:xx
     ],
 )
-def test_cron_next_slot_from_inside_a_dst_change(after: str, expected: str) -> None:
-    every_quarter = Timing(Cron.parse("*/15 * * * *"), "Europe/Berlin")
-    assert every_quarter.next_slot(utc(after)) == utc(expected)
-    fixed = Timing(Cron.parse("15 2 * * *"), "Europe/Berlin")
-    assert fixed.next_slot(utc("2026-03-29T00:50:00")) == utc("2026-03-29T01:15:00")
+def test_cron_goes_on_where_cronsim_loops_for_ever(expr: str, expected: list[str]) -> None:
+    # Chatham falls back from 03:45 to 02:45. cronsim's real-time walk from the first pass
+    # jumps from 02:56 (second pass) back to 03:00 (first pass) for ever; dtask resumes
+    # further on, so the second pass's 03:00:xx (a real-time match) is missed.
+    assert upcoming(expr, "Pacific/Chatham", "2020-04-05T03:06:33", len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        # From inside the first pass of the repeated hour: the second pass is still to come.
+        ("*/15 * * * *", "2026-10-25T00:10:00", "2026-10-25T00:15:00"),  # 02:15 CEST
+        ("*/15 * * * *", "2026-10-25T00:50:00", "2026-10-25T01:00:00"),  # 02:00 CET
+        # A fixed time fires in the first pass only: from inside the second pass (02:10 CET)
+        # cronsim yields 02:15 CEST again, which is in the past; the next slot is a day on.
+        ("15 2 * * *", "2026-10-25T00:10:00", "2026-10-25T00:15:00"),  # 02:15 CEST
+        ("15 2 * * *", "2026-10-25T01:10:00", "2026-10-26T01:15:00"),  # 02:15 CET, Monday
+        # Spring: 02:15 does not exist and fires at 03:00 CEST.
+        ("15 2 * * *", "2026-03-29T00:50:00", "2026-03-29T01:00:00"),
+        ("*/15 * * * *", "2026-03-29T00:50:00", "2026-03-29T01:00:00"),
+    ],
+)
+def test_cron_next_slot_from_inside_a_dst_change(expr: str, after: str, expected: str) -> None:
+    assert Timing(Cron.parse(expr), "Europe/Berlin").next_slot(utc(after)) == utc(expected)
 
 
 def test_slots_are_strictly_increasing_over_a_year_of_dst_changes() -> None:
@@ -127,20 +169,34 @@ def test_slots_are_strictly_increasing_over_a_year_of_dst_changes() -> None:
 @pytest.mark.parametrize(
     ("expr", "message"),
     [
-        ("* * *", "must have 5 fields"),
-        ("61 * * * *", "minute field: 61 is outside 0-59"),
-        ("* 24 * * *", "hour field: 24 is outside 0-23"),
-        ("*/0 * * * *", "step must be >= 1"),
-        ("5-1 * * * *", "runs backwards"),
-        ("* * * foo *", "month field: unknown value 'foo'"),
-        ("* * 0 * *", "day-of-month field: 0 is outside 1-31"),
-        ("* * * * 8", "day-of-week field: 8 is outside 0-7"),
-        ("1,,2 * * * *", "cannot read ''"),
+        ("* * *", "cron '* * *': needs 5 fields, has 3 (fields: minute hour"),
+        ("61 * * * *", "cron '61 * * * *': bad minute field"),
+        ("* 24 * * *", "bad hour field"),
+        ("*/0 * * * *", "bad minute field"),
+        ("5-1 * * * *", "bad minute field"),
+        ("* * * foo *", "bad month field"),
+        ("* * 0 * *", "bad day-of-month field"),
+        ("* * 15W * *", "bad day-of-month field"),  # only LW, the month's last weekday
+        ("* * * * 8", "bad day-of-week field"),
+        ("* * * * mon#6", "bad day-of-week field"),
+        ("60 * * * * *", "bad second field"),
+        ("1,,2 * * * *", "bad minute field"),
+        ("@fortnightly", "unknown macro"),
     ],
 )
 def test_bad_cron_says_which_field(expr: str, message: str) -> None:
-    with pytest.raises(InvalidSchedule, match=message):
+    with pytest.raises(InvalidSchedule, match=re.escape(message)) as caught:
         Cron.parse(expr)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bad_cron_field_reads_as_one_actionable_line() -> None:
+    with pytest.raises(InvalidSchedule) as caught:
+        Cron.parse(" 61 * * * * ")
+    assert str(caught.value) == (
+        "cron '61 * * * *': bad minute field"
+        " (fields: minute hour day-of-month month day-of-week, or 6 with seconds first)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -150,7 +206,7 @@ def test_bad_cron_says_which_field(expr: str, message: str) -> None:
         ({"cron": "* * * * *", "every": 5}, "exactly one of"),
         ({"every": 0}, "an interval must be 1 to 31622400 seconds, got 0"),
         ({"every": 10**10}, "an interval must be 1 to"),
-        ({"cron": "0 0 30 2 *"}, "never fires$"),
+        ({"cron": "0 0 30 2 *"}, "cron '0 0 30 2 \\*' never fires: no month in its month"),
         ({"every": 5, "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
         ({"every": 5, "misfire": "later"}, "misfire policy must be one of skip, run_once"),
         ({"every": 5, "overlap": "queue"}, "overlap policy must be one of allow, skip"),
@@ -158,8 +214,10 @@ def test_bad_cron_says_which_field(expr: str, message: str) -> None:
         ({"every": 5, "grace": float("nan")}, "grace must be 2 to 86400 seconds, got nan"),
         ({"every": 5, "catch_up_window": float("inf")}, "window must be 1 to"),
         ({"every": 5, "catch_up_window": 0}, "window must be 1 to"),
-        ({"cron": "* * * * *", "start_at": datetime(9999, 12, 31, 23, tzinfo=UTC)},
-         "never fires within its start and end"),
+        ({"cron": "0 0 1 1 *", "start_at": datetime(9999, 6, 1, tzinfo=UTC)},
+         "never fires within its start and end"),  # 10000-01-01 is past datetime's range
+        ({"cron": "0 0 1 1 *", "start_at": utc("2027-01-02T00:00"),
+          "end_at": utc("2027-12-31T00:00")}, "never fires within its start and end"),
         ({"every": 5, "start_at": utc("2027-01-01T00:00"), "end_at": utc("2026-01-01T00:00")},
          "end must come after its start"),
         ({"every": 5, "end_at": utc("2020-01-01T00:00")}, "never fires"),
@@ -289,3 +347,15 @@ def test_run_once_finds_the_latest_missed_cron_slot_far_back() -> None:
     timing = Timing(Cron.parse("0 3 * * *"), "Europe/Berlin", misfire=Misfire.RUN_ONCE, grace=60)
     tick = timing.plan(utc("2026-01-01T00:00"), utc("2026-03-01T12:00"), None, False)
     assert tick.fire == (utc("2026-03-01T02:00"),)  # 03:00 CET
+
+
+def test_latest_slot_is_the_walks_own_across_a_half_hour_dst_change() -> None:
+    # Lord Howe falls back 30 minutes at 02:00 (15:00 UTC). cronsim's real-time walk from just
+    # after the change skips 03:00-03:29 (+10:30) that day; one from 02:08 does not. The
+    # latest slot must be the one the walk from `after` gives, not a shortcut's.
+    timing = Timing(Cron.parse("* 3 * * *"), "Australia/Lord_Howe")
+    after = utc("2020-04-04T15:00:00")
+    assert timing.next_slot(after) == utc("2020-04-04T17:00:00")  # 03:30 +10:30
+    assert timing.next_slot(utc("2020-04-04T15:38:00")) == utc("2020-04-04T16:30:00")
+    assert timing.latest_slot(after, utc("2020-04-04T16:40:00")) is None
+    assert timing.latest_slot(after, utc("2020-04-04T17:05:00")) == utc("2020-04-04T17:05:00")
