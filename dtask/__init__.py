@@ -8,12 +8,12 @@ the services (``submit``, ``Run``, the schedule functions) is imported on first 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from dtask.domain.context import ChildContext
 from dtask.domain.params import Param
 from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
-from dtask.domain.schedules import Misfire, Overlap, Schedule
+from dtask.domain.schedules import Misfire, Overlap, Schedule, When
 from dtask.domain.splitting import RangeSplit, SplitStrategy
 from dtask.domain.templates import Template, registry, template, use_launcher
 from dtask.exceptions import (
@@ -80,11 +80,17 @@ class _Client:
         return submit(template, variables, key=key)
 
     def schedule(
-        self, name: str, template: str, variables: dict[str, Any], **timing: Any
+        self,
+        name: str,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        replace: bool,
+        **when: Unpack[When],
     ) -> Schedule:
         from dtask.client.schedules import add_schedule
 
-        return add_schedule(name, template, variables, **timing)
+        return add_schedule(name, template, variables, replace=replace, **when)
 
 
 use_launcher(_Client())

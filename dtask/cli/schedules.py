@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from dtask.cli.base import EXIT_OK, Parser, parse_vars
-from dtask.domain.schedules import iso
+from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, iso
 
 
 def register(sub: Any) -> None:
@@ -27,10 +27,10 @@ def register(sub: Any) -> None:
     add.add_argument("--misfire", choices=[p.value for p in Misfire], default=Misfire.SKIP.value)
     add.add_argument("--overlap", choices=[p.value for p in Overlap], default=Overlap.ALLOW.value)
     add.add_argument(
-        "--grace", type=float, default=10.0, help="seconds late before a slot counts as missed"
+        "--grace", type=float, default=GRACE, help="seconds late before a slot counts as missed"
     )
     add.add_argument(
-        "--catch-up-window", type=float, default=86400.0, metavar="SECONDS",
+        "--catch-up-window", type=float, default=CATCH_UP_WINDOW, metavar="SECONDS",
         help="with --misfire catch_up: how far back missed slots still run",
     )  # fmt: skip
     add.add_argument("--start", metavar="ISO", help="no slot before this time (in --tz)")

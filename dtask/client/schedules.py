@@ -6,11 +6,11 @@ Variables are checked against the template when the schedule is saved, not when 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 
 from dtask import services
 from dtask.db.schedules import ScheduleStore
-from dtask.domain.schedules import Misfire, Overlap, Schedule, make_timing
+from dtask.domain.schedules import Schedule, When, make_timing
 from dtask.domain.templates import registry
 
 
@@ -23,34 +23,18 @@ def add_schedule(
     template: str,
     variables: dict[str, Any],
     *,
-    cron: str | None = None,
-    every: int | None = None,
-    tz: str = "UTC",
-    misfire: str = Misfire.SKIP.value,
-    overlap: str = Overlap.ALLOW.value,
-    grace: float = 10.0,
-    catch_up_window: float = 86400.0,
-    start: datetime | None = None,
-    end: datetime | None = None,
     replace: bool = False,
+    **when: Unpack[When],
 ) -> Schedule:
-    """Save a schedule whose first slot comes after now. Saving the same definition again is
-    a no-op; a different one raises ScheduleExists unless ``replace``."""
+    """Save a schedule whose first slot comes after now: exactly one of ``cron`` (5 fields, or
+    6 with seconds first) or ``every`` (seconds); ``tz`` (IANA, default UTC), ``misfire``
+    (skip, run_once, catch_up), ``overlap`` (allow, skip, buffer_one), ``grace`` (default 10 s),
+    ``catch_up_window`` (default a day), ``start``/``end`` (aware datetimes). Saving the same
+    definition again is a no-op; a different one raises ScheduleExists unless ``replace``."""
     tpl = registry.get(template)
     checked = tpl.validate(variables)
     tpl.precheck(checked, services.current().settings.max_children)
-    timing = make_timing(
-        cron=cron,
-        every=every,
-        tz=tz,
-        misfire=misfire,
-        overlap=overlap,
-        grace=grace,
-        catch_up_window=catch_up_window,
-        start_at=start,
-        end_at=end,
-        now=datetime.now(UTC),
-    )
+    timing = make_timing(now=datetime.now(UTC), **when)
     saved, _ = _store().save(Schedule(name, tpl.name, checked, timing), replace=replace)
     return saved
 

@@ -1,6 +1,7 @@
 """Storage: SQLAlchemy models, engines, migrations and the store (the only SQL in dtask)."""
 
 from dtask.db.children import ChildView, Claim, Refusal
+from dtask.db.database import Database
 from dtask.db.engine import engine_for
 from dtask.db.recovery import Redispatch
 from dtask.db.runs import NewRun, RunRecord
@@ -9,6 +10,7 @@ from dtask.db.store import Store
 __all__ = [
     "ChildView",
     "Claim",
+    "Database",
     "NewRun",
     "Redispatch",
     "Refusal",

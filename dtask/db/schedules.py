@@ -63,8 +63,8 @@ class ScheduleStore:
                     "INSERT INTO dtask_schedules (name, template, variables, cron, every_seconds,"
                     " timezone, misfire, overlap, misfire_grace, catch_up_window, start_at,"
                     " end_at, decided_until) VALUES (:name, :template, CAST(:variables AS jsonb),"
-                    " :cron, :every, :tz, :misfire, :overlap, :grace, :window, :start_at,"
-                    " :end_at, now()) ON CONFLICT (name) DO NOTHING RETURNING name"
+                    " :cron, :every, :tz, :misfire, :overlap, :grace, :catch_up_window, :start,"
+                    " :end, now()) ON CONFLICT (name) DO NOTHING RETURNING name"
                 ),
                 values,
             ).first()
@@ -83,9 +83,9 @@ class ScheduleStore:
                     "UPDATE dtask_schedules SET template = :template,"
                     " variables = CAST(:variables AS jsonb), cron = CAST(:cron AS varchar),"
                     " every_seconds = CAST(:every AS integer), timezone = CAST(:tz AS varchar),"
-                    " misfire = :misfire,"
-                    " overlap = :overlap, misfire_grace = :grace, catch_up_window = :window,"
-                    " start_at = :start_at, end_at = :end_at, last_error = NULL,"
+                    " misfire = :misfire, overlap = :overlap, misfire_grace = :grace,"
+                    " catch_up_window = :catch_up_window,"
+                    " start_at = :start, end_at = :end, last_error = NULL,"
                     " buffered_slot = CASE WHEN cron IS DISTINCT FROM CAST(:cron AS varchar)"
                     "   OR every_seconds IS DISTINCT FROM CAST(:every AS integer)"
                     "   OR timezone <> CAST(:tz AS varchar) THEN NULL ELSE buffered_slot END,"
@@ -217,20 +217,11 @@ def _not_found(name: str) -> ScheduleNotFound:
 
 
 def _definition(schedule: Schedule) -> dict[str, Any]:
-    timing = schedule.timing
     return {
         "name": schedule.name,
         "template": schedule.template,
         "variables": json.dumps(schedule.variables),
-        "cron": timing.cron,
-        "every": timing.every,
-        "tz": timing.tz,
-        "misfire": timing.misfire.value,
-        "overlap": timing.overlap.value,
-        "grace": timing.grace,
-        "window": timing.catch_up_window,
-        "start_at": timing.start_at,
-        "end_at": timing.end_at,
+        **schedule.timing.when(),
     }
 
 

@@ -6,8 +6,6 @@ or late broker message can never move a run or child the wrong way.
 
 from __future__ import annotations
 
-from sqlalchemy import Engine
-
 from dtask.db.children import ChildStore
 from dtask.db.database import Database
 from dtask.db.recovery import RecoveryStore
@@ -19,14 +17,9 @@ class Store:
     """``store.runs``, ``store.children``, ``store.recovery`` and ``store.schedules`` share one
     database (its engines); see ``Database`` for the child owners' engines."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        owner_engine: Engine | None = None,
-        owner_async_engine: Engine | None = None,
-    ) -> None:
-        self.db = Database(engine, owner_engine, owner_async_engine)
-        self.engine = engine
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.engine = db.engine
         self.runs = RunStore(self.db)
         self.children = ChildStore(self.db)
         self.recovery = RecoveryStore(self.db)

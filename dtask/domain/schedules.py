@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dtask.domain.cron import Cron
@@ -123,6 +123,8 @@ class Every:
 # --- a schedule's timing: slots, misfires and overlaps --------------------------------------
 
 
+GRACE = 10.0  # seconds late before a slot counts as missed
+CATCH_UP_WINDOW = 86400.0  # how far back misfire catch_up reaches
 MIN_GRACE = 2.0
 MAX_SECONDS = 366 * 86400
 
@@ -144,14 +146,29 @@ class Tick:
     changed: bool = False  # False: nothing was due; the schedule's row need not be written
 
 
+class When(TypedDict, total=False):
+    """When a schedule fires, as a user writes it: the keyword arguments of
+    ``dtask.add_schedule`` (and of ``Template.schedule``), checked by ``make_timing``."""
+
+    cron: str | None  # exactly one of cron and every
+    every: int | None  # seconds
+    tz: str
+    misfire: str  # a Misfire value
+    overlap: str  # an Overlap value
+    grace: float
+    catch_up_window: float
+    start: datetime | None
+    end: datetime | None
+
+
 @dataclass(frozen=True)
 class Timing:
     trigger: Cron | int  # a cron expression, or an interval in seconds
     tz: str = "UTC"
     misfire: Misfire = Misfire.SKIP
     overlap: Overlap = Overlap.ALLOW
-    grace: float = 10.0
-    catch_up_window: float = 86400.0
+    grace: float = GRACE
+    catch_up_window: float = CATCH_UP_WINDOW
     start_at: datetime | None = None
     end_at: datetime | None = None
 
@@ -167,6 +184,20 @@ class Timing:
                 raise InvalidSchedule(f"start and end need a time zone, got {moment.isoformat()}")
         if self.start_at and self.end_at and self.start_at >= self.end_at:
             raise InvalidSchedule("the schedule's end must come after its start")
+
+    def when(self) -> When:
+        """This timing as a user writes it: ``make_timing(**timing.when())`` gives it back."""
+        return When(
+            cron=self.cron,
+            every=self.every,
+            tz=self.tz,
+            misfire=self.misfire.value,
+            overlap=self.overlap.value,
+            grace=self.grace,
+            catch_up_window=self.catch_up_window,
+            start=self.start_at,
+            end=self.end_at,
+        )
 
     @property
     def cron(self) -> str | None:
@@ -286,35 +317,24 @@ class Timing:
         return fire, dropped, buffered
 
 
-def make_timing(
-    *,
-    cron: str | None = None,
-    every: int | None = None,
-    tz: str = "UTC",
-    misfire: str = Misfire.SKIP.value,
-    overlap: str = Overlap.ALLOW.value,
-    grace: float = 10.0,
-    catch_up_window: float = 86400.0,
-    start_at: datetime | None = None,
-    end_at: datetime | None = None,
-    now: datetime | None = None,
-) -> Timing:
+def make_timing(*, now: datetime | None = None, **when: Unpack[When]) -> Timing:
     """Check a schedule's definition as a user wrote it; raise InvalidSchedule naming the fault."""
+    cron, every = when.get("cron"), when.get("every")
     if (cron is None) == (every is None):
         raise InvalidSchedule("a schedule needs exactly one of a cron expression or an interval")
-    trigger: Cron | int = Cron.parse(cron) if cron is not None else int(every or 0)
+    start, end = when.get("start"), when.get("end")
     timing = Timing(
-        trigger=trigger,
-        tz=tz,
-        misfire=policy(Misfire, misfire),
-        overlap=policy(Overlap, overlap),
-        grace=grace,
-        catch_up_window=catch_up_window,
-        start_at=start_at,
-        end_at=end_at,
+        trigger=Cron.parse(cron) if cron is not None else int(every or 0),
+        tz=when.get("tz", "UTC"),
+        misfire=policy(Misfire, when.get("misfire", Misfire.SKIP.value)),
+        overlap=policy(Overlap, when.get("overlap", Overlap.ALLOW.value)),
+        grace=when.get("grace", GRACE),
+        catch_up_window=when.get("catch_up_window", CATCH_UP_WINDOW),
+        start_at=start,
+        end_at=end,
     )
     if timing.next_slot(now or datetime.now(UTC)) is None:
-        bounded = " within its start and end" if start_at or end_at else ""
+        bounded = " within its start and end" if start or end else ""
         raise InvalidSchedule(f"schedule {timing.describe()} never fires{bounded}")
     return timing
 
@@ -356,13 +376,7 @@ class Schedule:
             "name": self.name,
             "template": self.template,
             "variables": self.variables,
-            "cron": timing.cron,
-            "every": timing.every,
-            "tz": timing.tz,
-            "misfire": timing.misfire.value,
-            "overlap": timing.overlap.value,
-            "grace": timing.grace,
-            "catch_up_window": timing.catch_up_window,
+            **timing.when(),
             "start": _iso_or_none(timing.start_at),
             "end": _iso_or_none(timing.end_at),
             "enabled": self.enabled,

@@ -12,9 +12,10 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from dtask.domain.params import Param, as_param
+from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
 from dtask.domain.splitting import SplitStrategy, check_count, check_specs
 from dtask.exceptions import (
     ConfigurationError,
@@ -197,8 +198,8 @@ class Template:
         tz: str = "UTC",
         misfire: str = "skip",
         overlap: str = "allow",
-        grace: float = 10.0,
-        catch_up_window: float = 86400.0,
+        grace: float = GRACE,
+        catch_up_window: float = CATCH_UP_WINDOW,
         start: datetime | None = None,
         end: datetime | None = None,
         variables: Mapping[str, Any] | None = None,
@@ -207,11 +208,10 @@ class Template:
         """Save (or update) the schedule ``name`` that triggers this template, e.g.
         ``print_range.schedule("*/5 * * * *", name="nightly", n=100)``. Calling it again with
         the same arguments changes nothing, so it can run at every start of an application.
-        Variables named like an option go in ``variables={...}``."""
-        return launcher().schedule(
-            name,
-            self.name,
-            {**(variables or {}), **more_variables},
+        Variables named like an option go in ``variables={...}`` (the options are spelled out
+        here, not taken as ``**When`` as ``dtask.add_schedule`` does, because the keyword
+        arguments are the variables)."""
+        when = When(
             cron=cron,
             every=every,
             tz=tz,
@@ -221,8 +221,9 @@ class Template:
             catch_up_window=catch_up_window,
             start=start,
             end=end,
-            replace=True,
         )
+        variables = {**(variables or {}), **more_variables}
+        return launcher().schedule(name, self.name, variables, replace=True, **when)
 
     def __call__(self, ctx: ChildContext, **spec: Any) -> None:
         self.function(ctx, **spec)
@@ -234,7 +235,13 @@ class Launcher(Protocol):
     def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> RunHandle: ...
 
     def schedule(
-        self, name: str, template: str, variables: dict[str, Any], **timing: Any
+        self,
+        name: str,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        replace: bool,
+        **when: Unpack[When],
     ) -> Schedule: ...
 
 

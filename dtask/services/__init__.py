@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 
 from dtask import settings as settings_module
-from dtask.db import Store, engine_for, schema
+from dtask.db import Database, Store, engine_for, schema
 from dtask.exceptions import ConfigurationError
 from dtask.services import embedded
 from dtask.settings import Settings
@@ -61,9 +61,11 @@ def store() -> Store:
         schema.ensure(engine)
         _migrated.add(url)
     return Store(
-        engine,
-        owner_engine=engine_for(url, owner=True),
-        owner_async_engine=engine_for(url, durable=False, owner=True),
+        Database(
+            engine,
+            owner_engine=engine_for(url, owner=True),
+            owner_async_engine=engine_for(url, durable=False, owner=True),
+        )
     )
 
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 from sqlalchemy import Engine, text
 
-from dtask.db import Claim, Store, engine_for, schema
+from dtask.db import Claim, Database, Store, engine_for, schema
 from dtask.exceptions import DatabaseUnavailable
 from dtask.services import embedded
 
@@ -46,9 +46,11 @@ def fence(engine: Engine, run_id: int) -> int:
 def test_a_claimed_fence_survives_a_crash(crashable: tuple[Path, str]) -> None:
     home, url = crashable
     store = Store(
-        engine_for(url),
-        owner_engine=engine_for(url, owner=True),
-        owner_async_engine=engine_for(url, durable=False, owner=True),
+        Database(
+            engine_for(url),
+            owner_engine=engine_for(url, owner=True),
+            owner_async_engine=engine_for(url, durable=False, owner=True),
+        )
     )
     run_id, _ = store.runs.create("print_range", f"crash:{uuid.uuid4()}", {"n": 1}, 3, None)
     store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])

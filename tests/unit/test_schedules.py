@@ -214,14 +214,14 @@ def test_a_bad_cron_field_reads_as_one_actionable_line() -> None:
         ({"every": 5, "grace": float("nan")}, "grace must be 2 to 86400 seconds, got nan"),
         ({"every": 5, "catch_up_window": float("inf")}, "window must be 1 to"),
         ({"every": 5, "catch_up_window": 0}, "window must be 1 to"),
-        ({"cron": "0 0 1 1 *", "start_at": datetime(9999, 6, 1, tzinfo=UTC)},
+        ({"cron": "0 0 1 1 *", "start": datetime(9999, 6, 1, tzinfo=UTC)},
          "never fires within its start and end"),  # 10000-01-01 is past datetime's range
-        ({"cron": "0 0 1 1 *", "start_at": utc("2027-01-02T00:00"),
-          "end_at": utc("2027-12-31T00:00")}, "never fires within its start and end"),
-        ({"every": 5, "start_at": utc("2027-01-01T00:00"), "end_at": utc("2026-01-01T00:00")},
+        ({"cron": "0 0 1 1 *", "start": utc("2027-01-02T00:00"),
+          "end": utc("2027-12-31T00:00")}, "never fires within its start and end"),
+        ({"every": 5, "start": utc("2027-01-01T00:00"), "end": utc("2026-01-01T00:00")},
          "end must come after its start"),
-        ({"every": 5, "end_at": utc("2020-01-01T00:00")}, "never fires"),
-        ({"every": 5, "start_at": datetime(2027, 1, 1)}, "need a time zone"),
+        ({"every": 5, "end": utc("2020-01-01T00:00")}, "never fires"),
+        ({"every": 5, "start": datetime(2027, 1, 1)}, "need a time zone"),
     ],
 )  # fmt: skip
 def test_bad_definitions(kwargs: dict[str, object], message: str) -> None:
