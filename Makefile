@@ -42,4 +42,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

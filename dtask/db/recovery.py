@@ -36,7 +36,7 @@ class RecoveryStore:
         """True inside the block for one caller cluster-wide at a time.
 
         A hung leader would block failover everywhere: it loses its turn after ``hold_for``
-        seconds idle (see ``_held``), so a survivor takes over. Every reaper action is
+        seconds idle (see ``Database.held``), so a survivor takes over. Every reaper action is
         conditional and idempotent, so a woken leader overlapping a new one is harmless.
         """
         lost = LeaseLost(

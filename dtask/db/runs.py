@@ -33,7 +33,7 @@ class RunRecord:
     group_id: str | None
     chord_size: int | None
     dispatches: int
-    age: float = 0.0  # seconds since the run was created, by PostgreSQL's clock
+    idle: float = 0.0  # seconds since the run last changed (e.g. became pending), by PostgreSQL
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class RunStore:
             sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
                 " child_total, group_id, chord_size, dispatches,"
-                " extract(epoch FROM now() - created_at) AS age FROM dtask_runs WHERE id = :id"
+                " extract(epoch FROM now() - updated_at) AS idle FROM dtask_runs WHERE id = :id"
             ),
             {"id": run_id},
         ).first()
@@ -126,7 +126,7 @@ class RunStore:
             group_id=row.group_id,
             chord_size=row.chord_size,
             dispatches=row.dispatches,
-            age=float(row.age),
+            idle=float(row.idle),
         )
 
     def split(

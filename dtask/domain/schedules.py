@@ -319,6 +319,10 @@ class Timing:
 
 def make_timing(*, now: datetime | None = None, **when: Unpack[When]) -> Timing:
     """Check a schedule's definition as a user wrote it; raise InvalidSchedule naming the fault."""
+    unknown = sorted(set(when) - When.__optional_keys__)
+    if unknown:  # **when is checked by mypy only: a typo must not silently drop an option
+        known = ", ".join(sorted(When.__optional_keys__))
+        raise InvalidSchedule(f"unknown schedule option(s) {', '.join(unknown)} (known: {known})")
     cron, every = when.get("cron"), when.get("every")
     if (cron is None) == (every is None):
         raise InvalidSchedule("a schedule needs exactly one of a cron expression or an interval")

@@ -284,6 +284,9 @@ class Registry:
                 f"unknown template {name!r} (known: {known}; load yours with DTASK_TEMPLATES)"
             ) from None
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._templates
+
     def names(self) -> list[str]:
         return sorted(self._templates)
 

@@ -39,6 +39,9 @@ def broker_urls(config: Settings) -> tuple[str, str]:
 def current() -> Services:
     """Resolve (and for embedded services, start) everything once per process."""
     global _current
+    resolved = _current
+    if resolved is not None:  # no lock once resolved: a fork while it is held would inherit it
+        return resolved
     with _lock:
         if _current is None:
             config = settings_module.load()

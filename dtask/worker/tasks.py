@@ -38,7 +38,11 @@ from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, se
 from dtask.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("dtask.worker")
-MASTER_RETRY = 1.0  # seconds before a master this worker could not run is offered again
+
+
+def _backoff(retries: int) -> float:
+    """Seconds before a message this worker could not run (no template) is offered again."""
+    return float(min(2**retries, 2 * services.current().settings.stall_timeout))
 
 
 T = TypeVar("T")
@@ -68,7 +72,7 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
             template = registry.get(run.template)
         except UnknownTemplate as exc:
             bound = template_wait(settings)
-            if run.age < bound:
+            if run.idle < bound:
                 raise TemplateElsewhere(str(exc)) from None
             raise UnknownTemplate(
                 f"no worker that took run {run.id} knows template {run.template!r} (tried for"
@@ -87,8 +91,9 @@ def master(self: Task, run_id: int) -> None:
     try:
         state = run_master(services.store(), run_id)
     except TemplateElsewhere as exc:
-        log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
-        raise self.retry(countdown=MASTER_RETRY, max_retries=None) from None
+        if not self.request.retries:
+            log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
+        raise self.retry(countdown=_backoff(self.request.retries), max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
 
 
@@ -118,6 +123,13 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         if drain.DRAINING.is_set():  # this worker is stopping: let another one take it
             _hand_over(store, run_id, index, template, spec)
             raise Ignore()
+        if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
+            if not self.request.retries:
+                log.warning(
+                    "run %s child %s: this worker does not know template %r; leaving it to"
+                    " another worker", run_id, index, template,
+                )  # fmt: skip
+            raise self.retry(countdown=_backoff(self.request.retries), max_retries=None)
         taken = _patiently(
             lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
             config.lease_ttl,

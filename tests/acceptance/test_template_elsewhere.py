@@ -12,7 +12,7 @@ import pytest
 from dtask import services, submit
 from dtask.domain.runs import RunState
 from tests.conftest import WorkerProcess
-from tests.support.db import wait_for
+from tests.support.db import children, wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -61,3 +61,19 @@ def test_the_run_fails_when_no_worker_knew_its_template_within_the_bound(
     assert status.state is RunState.FAILED
     assert f"no worker that took run {run.id} knows template 'slow_range'" in (status.error or "")
     assert "tried for 8 s" in (status.error or "")
+
+
+@pytest.mark.parametrize("without_the_template", [15], indirect=True)
+def test_children_are_left_unclaimed_to_workers_that_know_the_template(
+    without_the_template: WorkerProcess, dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    knows = WorkerProcess(dtask_env, tmp_path / "knows.log", "-c", "1")
+    try:
+        knows.wait_ready()
+        run = submit("slow_range", {"n": 200, "delay": 0.0})
+        assert run.wait(timeout=120).state is RunState.SUCCEEDED
+    finally:
+        knows.stop()
+    attempts = [attempt for _, _, attempt in children(run.id)]
+    assert len(attempts) == 10 and set(attempts) == {1}  # no attempt spent on the other worker
+    assert "does not know template 'slow_range'" in without_the_template.output()

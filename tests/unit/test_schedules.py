@@ -203,6 +203,8 @@ def test_a_bad_cron_field_reads_as_one_actionable_line() -> None:
     ("kwargs", "message"),
     [
         ({}, "exactly one of"),
+        ({"cron": "* * * * *", "misfre": "catch_up"}, "unknown schedule option.s. misfre"),
+        ({"every": 5, "start_at": utc("2027-01-01T00:00")}, "option.s. start_at .known: "),
         ({"cron": "* * * * *", "every": 5}, "exactly one of"),
         ({"every": 0}, "an interval must be 1 to 31622400 seconds, got 0"),
         ({"every": 10**10}, "an interval must be 1 to"),
