@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
+from dtask.db import Store
 from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.worker.app import app
@@ -87,36 +88,35 @@ def reap_once() -> Pass:
     is isolated: one that fails (user code, a held lock, a broken row) is logged and skipped."""
     config = services.current().settings
     store = services.store()
-    guard = failures.guard
-    with store.recovery.turn(hold_for=config.lease_ttl) as leader:
+    recovery, guard = store.recovery, failures.guard
+    with recovery.turn(hold_for=config.lease_ttl) as leader:
         if not leader:
             return Pass(leader=False)
         finalized = 0
-        for run_id in guard("finding unfinalized runs", None, _unfinalized) or []:
+        unfinalized = partial(recovery.unfinalized_runs, settled_for=CALLBACK_GRACE)
+        for run_id in guard("finding unfinalized runs", None, unfinalized) or []:
             # never wait on a run's lock: whoever holds it is finalizing or changing the run
             state = guard("finalize", run_id, partial(store.runs.finalize, run_id, wait=False))
             if state is not None and state.finished:
                 finalized += 1
                 log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
-        expired = guard("releasing expired leases", None, _release_expired) or 0
+        expired = guard("releasing expired leases", None, partial(_release_expired, store)) or 0
         unstuck = 0
-        for run_id, state in guard("finding stuck runs", None, _stuck) or []:
-            after = guard("restart", run_id, partial(_restart, run_id, state))
+        stuck = partial(recovery.stuck_runs, config.stall_timeout)
+        for run_id, state in guard("finding stuck runs", None, stuck) or []:
+            after = guard("restart", run_id, partial(_restart, store, run_id, state))
             if after is not None and after is not state:
                 unstuck += 1
                 log.warning("reaper: run %s was stuck in %s, now %s", run_id, state, after)
         resent = 0
-        for run_id, queue in guard("finding stalled runs", None, _stalled) or []:
-            resent += guard("re-send", run_id, partial(_resend, run_id, queue)) or 0
+        stalled = partial(recovery.stalled_runs, config.stall_timeout)
+        for run_id, queue in guard("finding stalled runs", None, stalled) or []:
+            resent += guard("re-send", run_id, partial(_resend, store, run_id, queue)) or 0
         return Pass(True, finalized, expired, unstuck, resent)
 
 
-def _unfinalized() -> list[int]:
-    return services.store().recovery.unfinalized_runs(settled_for=CALLBACK_GRACE)
-
-
-def _release_expired() -> int:
-    expired = services.store().recovery.release_expired()
+def _release_expired(store: Store) -> int:
+    expired = store.recovery.release_expired()
     if expired:
         publish(expired)
         for c in expired:
@@ -124,25 +124,17 @@ def _release_expired() -> int:
     return len(expired)
 
 
-def _stuck() -> list[tuple[int, RunState]]:
-    return services.store().recovery.stuck_runs(services.current().settings.stall_timeout)
-
-
-def _stalled() -> list[tuple[int, str | None]]:
-    return services.store().recovery.stalled_runs(services.current().settings.stall_timeout)
-
-
-def _restart(run_id: int, state: RunState) -> RunState:
+def _restart(store: Store, run_id: int, state: RunState) -> RunState:
     try:
-        return run_master(services.store(), run_id, wait=False)
+        return run_master(store, run_id, wait=False)
     except TemplateElsewhere:
         return state  # left to a worker that knows the template (the reaper runs everywhere)
 
 
-def _resend(run_id: int, queue: str | None) -> int:
+def _resend(store: Store, run_id: int, queue: str | None) -> int:
     if queue_size(queue or DEFAULT_QUEUE) != 0:
         return 0
-    lost = services.store().recovery.pending_children(run_id)
+    lost = store.recovery.pending_children(run_id)
     sent = publish(lost)
     log.warning("reaper: run %s stalled, re-sent %d pending children", run_id, sent)
     return sent
