@@ -105,6 +105,25 @@ class Settings(BaseSettings):
     def embedded_result_backend(self) -> bool:
         return self.result_backend is None
 
+    def mixed_services(self) -> str | None:
+        """Why this mix of configured and embedded services cannot work, if it cannot: the
+        embedded ones are private to this machine, so other machines would never see them."""
+        named = {
+            "DTASK_DATABASE_URL": self.database_url,
+            "DTASK_BROKER_URL": self.broker_url,
+            "DTASK_RESULT_BACKEND": self.result_backend,
+        }
+        unset = [name for name, url in named.items() if url is None]
+        if not unset or len(unset) == len(named):
+            return None
+        given = [name for name in named if name not in unset]
+        return (
+            f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} set but"
+            f" {' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not: this process would"
+            " use an embedded service only this machine sees; set all three (the result backend"
+            " defaults to a Redis broker's URL) or none"
+        )
+
 
 def env_name(field: str) -> str:
     return PREFIX + field.upper()

@@ -167,9 +167,17 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 
 def run_worker(extra: Sequence[str]) -> int:
+    from dtask import services
     from dtask.worker import configure, drain, reaper
 
     app = configure()
+    settings = services.current().settings
+    if settings.embedded_database:
+        print(
+            f"dtask worker: using the embedded PostgreSQL and Redis in {settings.home}, which only"
+            " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
+            flush=True,
+        )
     reaper.install()
     drain.install()
     app.worker_main(worker_argv(extra))

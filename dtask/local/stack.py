@@ -13,9 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from dtask.services import embedded
 from dtask.settings import Settings, load, mask
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+WATCH_INTERVAL = 1.0  # seconds between checks that the embedded services still run
 
 
 @dataclass
@@ -72,6 +75,9 @@ class Stack:
     flower_address: str = "127.0.0.1"
     children: list[Child] = field(default_factory=list)
     settings: Settings | None = None
+    report: Callable[[str], None] = print
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
 
     @property
     def logs(self) -> Path:
@@ -84,13 +90,18 @@ class Stack:
         return f"http://{host}:{self.flower_port}/"
 
     def start(self) -> None:
-        resolved = services.current()
+        resolved = services.ensure_broker()  # a mixed configuration is refused first
         self.settings = resolved.settings
         services.store()  # migrated before anything runs
         if self.flower:
             flower_auth(self.flower_address)
             self.flower_port = free_port(self.flower_port)
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.settings.embedded_database or self.settings.embedded_broker:
+            self._watcher = threading.Thread(
+                target=self._watch_services, name="dtask service watch", daemon=True
+            )
+            self._watcher.start()
         for i in range(1, self.workers + 1):
             self.start_worker(i)
         if self.beat:
@@ -102,6 +113,20 @@ class Stack:
                     "flower", "--port", str(self.flower_port), "--address", self.flower_address
                 ),
             )
+
+    def _watch_services(self) -> None:
+        """Restart an embedded service that died: nothing else would until the next command."""
+        assert self.settings is not None
+        home = self.settings.home
+        postgres, redis = self.settings.embedded_database, self.settings.embedded_broker
+        while not self._stopping.wait(WATCH_INTERVAL):
+            try:
+                revived = embedded.revive(home, postgres=postgres, redis=redis)
+            except DtaskError as exc:
+                self.report(f"dtask: an embedded service is down and did not restart: {exc}")
+                continue
+            for name in revived:
+                self.report(f"dtask: the embedded {name} had stopped; restarted it")
 
     def start_worker(self, number: int) -> Child:
         return self._spawn(
@@ -172,6 +197,9 @@ class Stack:
         return [c for c in self.children if c.proc.poll() is not None]
 
     def stop(self, grace: float = 20) -> None:
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join()
         for child in self.children:
             if child.proc.poll() is None:
                 os.killpg(child.proc.pid, signal.SIGTERM)

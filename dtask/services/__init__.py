@@ -26,6 +26,7 @@ class Services:
 
 _lock = threading.Lock()
 _current: Services | None = None
+_broker_ready: Services | None = None
 _migrated: set[str] = set()
 _loaded_templates = False
 
@@ -46,11 +47,26 @@ def current() -> Services:
         if _current is None:
             config = settings_module.load()
             database = config.database_url or embedded.postgres_url(config.home)
-            if config.embedded_broker or config.embedded_result_backend:
-                embedded.ensure_redis(config.home)
             broker, backend = broker_urls(config)
             _current = Services(config, database, broker, backend)
         return _current
+
+
+def ensure_broker() -> Services:
+    """The services, once the broker and result backend can be used: a configuration that mixes
+    shared and embedded services is refused first, and the embedded Redis started if it is one."""
+    global _broker_ready
+    resolved = _current
+    if resolved is not None and resolved is _broker_ready:
+        return resolved
+    mixed = (resolved.settings if resolved else settings_module.load()).mixed_services()
+    if mixed is not None:  # before anything embedded is started for it
+        raise ConfigurationError(mixed)
+    resolved = current()
+    if resolved.settings.embedded_broker or resolved.settings.embedded_result_backend:
+        embedded.ensure_redis(resolved.settings.home)
+    _broker_ready = resolved
+    return resolved
 
 
 def database_url() -> str:

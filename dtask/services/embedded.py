@@ -52,6 +52,7 @@ def postgres_url(home: Path) -> str:
     with _locked(home):
         try:
             server = _quiet_import_pgserver().get_server(pgdata, cleanup_mode=None)
+            server.ensure_postgres_running()  # the handle is cached: the server may have died
             uri: str = server.get_uri()
         except Exception as exc:  # pgserver raises bare subprocess/OS errors
             raise ServiceUnavailable(
@@ -60,6 +61,26 @@ def postgres_url(home: Path) -> str:
             ) from None
     # postgresql://postgres:@/postgres?host=/socket/dir -> the psycopg 3 dialect
     return uri.replace("postgresql://postgres:@", "postgresql+psycopg://postgres@", 1)
+
+
+def postgres_alive(home: Path) -> bool:
+    from pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(home / "postgres")
+    return info is not None and bool(info.is_running())
+
+
+def revive(home: Path, postgres: bool, redis: bool) -> list[str]:
+    """Start again whichever of the named embedded services under ``home`` has died; return
+    their names."""
+    revived = []
+    if postgres and not postgres_alive(home):
+        postgres_url(home)
+        revived.append("PostgreSQL")
+    if redis and not _redis_alive(redis_socket(home)):
+        ensure_redis(home)
+        revived.append("Redis")
+    return revived
 
 
 def redis_socket(home: Path) -> Path:

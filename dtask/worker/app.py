@@ -17,7 +17,7 @@ def configure() -> Celery:
     """Start/attach the services, load templates, point the app at them. Cheap to call again:
     the work is done once per resolved set of services (services.reset() starts over)."""
     global _configured_for
-    resolved = services.current()
+    resolved = services.ensure_broker()
     if _configured_for is not resolved:
         services.load_templates(resolved.settings)
         app.conf.update(celery_settings(resolved.settings))

@@ -59,7 +59,11 @@ def test_a_too_large_split_is_also_configurable(dtask_env: dict[str, str]) -> No
 
 def test_broker_down_at_submit_leaves_no_run(dtask_env: dict[str, str]) -> None:
     before = run_count()
-    env = {**dtask_env, "DTASK_BROKER_URL": "redis://127.0.0.1:1/0"}
+    env = {
+        **dtask_env,
+        "DTASK_DATABASE_URL": services.database_url(),
+        "DTASK_BROKER_URL": "redis://127.0.0.1:1/0",
+    }
     result = subprocess.run(
         [DTASK, "submit", "print_range", "-v", "n=10"], env=env, capture_output=True, text=True,
         timeout=60,
@@ -72,7 +76,11 @@ def test_broker_down_at_submit_leaves_no_run(dtask_env: dict[str, str]) -> None:
 
 
 def test_database_down_is_one_line(dtask_env: dict[str, str]) -> None:
-    env = {**dtask_env, "DTASK_DATABASE_URL": "postgresql+psycopg://dtask:s3cret@127.0.0.1:1/dtask"}
+    env = {
+        **dtask_env,
+        "DTASK_DATABASE_URL": "postgresql+psycopg://dtask:s3cret@127.0.0.1:1/dtask",
+        "DTASK_BROKER_URL": services.current().broker_url,
+    }
     for args in (["submit", "print_range", "-v", "n=10"], ["runs"], ["status", "1"]):
         result = subprocess.run([DTASK, *args], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, args

@@ -63,7 +63,14 @@ def broker_env(request: pytest.FixtureRequest, dtask_env: dict[str, str]) -> dic
         if not rabbitmq_reachable():
             pytest.skip("no RabbitMQ at 127.0.0.1:5672")
         purge_rabbitmq_queue()
-        return {**dtask_env, **FAST, "DTASK_BROKER_URL": AMQP}
+        resolved = services.ensure_broker()  # the embedded PostgreSQL and Redis, named explicitly
+        return {
+            **dtask_env,
+            **FAST,
+            "DTASK_DATABASE_URL": resolved.database_url,
+            "DTASK_BROKER_URL": AMQP,
+            "DTASK_RESULT_BACKEND": resolved.result_backend,
+        }
     return {**dtask_env, **FAST}
 
 

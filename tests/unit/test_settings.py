@@ -253,3 +253,38 @@ def test_every_setting_is_documented_in_the_readme() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in DOCUMENTED:
         assert f"`{name}`" in readme, name
+
+
+@pytest.mark.parametrize(
+    ("urls", "mixed"),
+    [
+        ({}, None),
+        ({"DTASK_DATABASE_URL": "postgresql://d", "DTASK_BROKER_URL": "redis://r"}, None),
+        (
+            {"DTASK_DATABASE_URL": "postgresql://d", "DTASK_BROKER_URL": "amqp://a"},
+            "DTASK_DATABASE_URL and DTASK_BROKER_URL are set but DTASK_RESULT_BACKEND is not",
+        ),
+        (
+            {"DTASK_DATABASE_URL": "postgresql://d"},
+            "DTASK_DATABASE_URL is set but DTASK_BROKER_URL and DTASK_RESULT_BACKEND are not",
+        ),
+        (
+            {"DTASK_BROKER_URL": "redis://r"},
+            "DTASK_BROKER_URL and DTASK_RESULT_BACKEND are set but DTASK_DATABASE_URL is not",
+        ),
+        (
+            {"DTASK_RESULT_BACKEND": "redis://r"},
+            "DTASK_RESULT_BACKEND is set but DTASK_DATABASE_URL and DTASK_BROKER_URL are not",
+        ),
+    ],
+)
+def test_shared_and_embedded_services_do_not_mix(
+    env: Env, urls: dict[str, str], mixed: str | None
+) -> None:
+    env(**urls)
+    problem = load().mixed_services()
+    if mixed is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem.startswith(mixed)
+        assert "set all three" in problem
