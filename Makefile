@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_ARGS ?=
+MINUTES ?= 10
+SEED ?= 1
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +22,8 @@ demo: $(STAMP)
 	$(BIN)/python -m dtask.local.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check dtask tests migrations celeryconfig.py
-	$(BIN)/ruff format --check dtask tests migrations celeryconfig.py
+	$(BIN)/ruff check dtask tests soak migrations celeryconfig.py
+	$(BIN)/ruff format --check dtask tests soak migrations celeryconfig.py
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
@@ -40,6 +42,12 @@ $(BENCH_STAMP): $(STAMP)
 # Not part of `make test`: ~15 minutes; writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# Not part of `make test` (its 2-minute version is: tests/acceptance/test_soak.py, `-m soak`):
+# MINUTES of random faults, then the invariants and per-fault recovery as a table; exit 1 if
+# an invariant breaks. Logs and sink files stay in the temp dir it prints.
+soak: $(STAMP)
+	$(BIN)/python -m soak.run --minutes $(MINUTES) --seed $(SEED)
 
 clean:
 	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -1,11 +1,13 @@
 """Fault tolerance with real processes: kill, stop and restart things mid-run.
 
 Each test runs on a fresh pair of `dtask worker` processes with short leases, against the
-embedded Redis as broker and, when RabbitMQ answers on 127.0.0.1:5672, against it too.
+embedded Redis as broker and, when RabbitMQ answers on 127.0.0.1:5672, against it too. Every
+child of a run is checked to have resumed from the checkpoint committed when the fault hit.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -55,6 +57,13 @@ def purge_rabbitmq_queue() -> None:
         channel = conn.channel()
         channel.queue_declare("dtask", durable=True, auto_delete=False)
         channel.queue_purge("dtask")
+
+
+def rabbitmq_queue_size() -> int:
+    from kombu import Connection
+
+    with Connection(AMQP) as conn:
+        return int(conn.channel().queue_declare("dtask", passive=True).message_count)
 
 
 @pytest.fixture(scope="module", params=["redis", "rabbitmq"])
@@ -129,39 +138,88 @@ def running_with_checkpoint(run_id: int, index: int, done: int) -> int | None:
     return owner_pid(row.owner) if row.state == "running" and row.owner and progressed else None
 
 
-def assert_resumed(cluster: Cluster, run_id: int, index: int, lo: int, hi: int) -> None:
+def progress(run_id: int) -> dict[int, tuple[str, int, int | None]]:
+    """index -> (state, checkpointed items, owner pid) for every child of the run."""
+    with services.store().engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT index, state, checkpoint, owner FROM dtask_children WHERE run_id = :r"),
+            {"r": run_id},
+        ).all()
+    return {
+        int(r.index): (
+            str(r.state),
+            int(r.checkpoint["done"]) if isinstance(r.checkpoint, dict) else 0,
+            owner_pid(r.owner) if r.owner else None,
+        )
+        for r in rows
+    }
+
+
+def running_checkpointed(run_id: int, done: int) -> dict[int, int] | None:
+    """index -> owner pid of the running children, once child 0 and every other running
+    child have at least ``done`` items checkpointed."""
+    now = progress(run_id)
+    running = {i: (d, pid) for i, (s, d, pid) in now.items() if s == "running" and pid}
+    ready = 0 in running and all(d >= done for d, _ in running.values())
+    return {i: pid for i, (_, pid) in running.items()} if ready else None
+
+
+def worker_pids(worker: WorkerProcess) -> set[int]:
+    return {worker.proc.pid, *(c.pid for c in psutil.Process(worker.proc.pid).children())}
+
+
+def assert_resumed(cluster: Cluster, run_id: int, index: int, lo: int, hi: int, done: int) -> None:
+    """Every item of lo..hi printed; where a later attempt started over, it started from a
+    checkpoint at least ``done`` items in (what was committed when the fault hit), re-doing at
+    most one checkpoint interval (5 items)."""
     seen = cluster.sink_numbers(run_id, index)
-    assert set(seen) == set(range(lo, hi + 1))
-    assert len(seen) - len(set(seen)) <= 5  # at most one checkpoint interval re-done
+    assert set(seen) == set(range(lo, hi + 1)), index
+    restarts = [b for a, b in itertools.pairwise(seen) if b <= a]
+    assert all(r >= lo + done for r in restarts), (
+        f"child {index} started over at {restarts} with {done} items checkpointed"
+    )
+    assert len(seen) - len(set(seen)) <= 5 * len(restarts), index
 
 
-def assert_succeeded_covering_every_item(cluster: Cluster, run_id: int, children: int) -> None:
+def assert_succeeded_resuming_every_child(
+    cluster: Cluster, run_id: int, children: int, done: dict[int, int]
+) -> None:
     status = dtask.get_run(run_id).wait(timeout=90)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
     for index in range(children):  # slow_range children hold 20 items each
-        seen = set(cluster.sink_numbers(run_id, index))
-        assert seen == set(range(index * 20 + 1, index * 20 + 21)), index
+        assert_resumed(cluster, run_id, index, index * 20 + 1, index * 20 + 20, done.get(index, 0))
+
+
+def checkpointed(run_id: int) -> dict[int, int]:
+    return {i: d for i, (_, d, _) in progress(run_id).items()}
 
 
 def test_1_sigkill_a_whole_worker_mid_child(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=60, delay=0.1)
-    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "child 0 to checkpoint")
-    victim = cluster.worker_of(pid)
+    owners = wait_for(lambda: running_checkpointed(run_id, 5), 30, "children to checkpoint")
+    victim = cluster.worker_of(owners[0])
+    pids = worker_pids(victim)
+    done = checkpointed(run_id)
     cluster.kill_worker(victim)
     status = dtask.get_run(run_id).wait(timeout=60)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
-    assert child_row(run_id, 0).attempt == 2
-    assert_resumed(cluster, run_id, 0, 1, 20)
+    interrupted = {i for i, pid in owners.items() if pid in pids}
+    assert 0 in interrupted
+    assert children(run_id) == [(i, "succeeded", 2 if i in interrupted else 1) for i in range(3)]
+    for index in range(3):  # the interrupted resume from their checkpoint, the others run once
+        assert_resumed(cluster, run_id, index, index * 20 + 1, index * 20 + 20, done[index])
 
 
 def test_2_sigkill_only_the_pool_process_running_a_child(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=40, delay=0.1)
     pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 30, "child 0 to checkpoint")
+    done = checkpointed(run_id)
     os.kill(pid, signal.SIGKILL)
     status = dtask.get_run(run_id).wait(timeout=60)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
     assert child_row(run_id, 0).attempt == 2
-    assert_resumed(cluster, run_id, 0, 1, 20)
+    for index in range(2):
+        assert_resumed(cluster, run_id, index, index * 20 + 1, index * 20 + 20, done[index])
     assert all(w.proc.poll() is None for w in cluster.workers), "the workers themselves survive"
 
 
@@ -217,36 +275,50 @@ def test_3_master_killed_after_inserting_children_before_sending_the_chord(
         assert cluster.sink_numbers(run_id, index) == list(range(index * 10 + 1, index * 10 + 11))
 
 
-def test_4_the_chord_callback_is_lost_with_its_worker(cluster: Cluster) -> None:
+def test_4_the_chord_callback_is_lost_with_its_worker(cluster: Cluster, tmp_path: Path) -> None:
+    """The callback's worker dies and its message is gone (on RabbitMQ it would be requeued:
+    every worker is killed and the queue purged first), so only the reaper can finalize."""
     run_id = cluster.submit("slow_range", n=40, delay=0.02)
     wait_for(lambda: services.store().runs.get(run_id).state.value == "running", 20, "dispatch")
     held = _hold_run_lock(run_id)
     try:
         wait_for(lambda: dtask.get_run(run_id).status().children.succeeded == 2, 30, "children")
         main_pids = {w.proc.pid for w in cluster.workers}
-        # the callback (in a pool process) blocks on the lock we hold: kill its whole worker
-        waiter = wait_for(
+        # the callback (in a pool process) blocks on the lock we hold: kill every worker
+        wait_for(
             lambda: [p for p in _advisory_waiters(run_id) if p not in main_pids], 20, "finalize"
-        )[0]
-        cluster.kill_worker(cluster.worker_of(waiter))
+        )
+        for worker in cluster.workers:
+            cluster.kill_worker(worker)
+        if "DTASK_BROKER_URL" in cluster.env:
+            wait_for(lambda: rabbitmq_queue_size() > 0, 20, "RabbitMQ to requeue the callback")
+            purge_rabbitmq_queue()
     finally:
         _release_run_lock(held, run_id)
+    assert services.store().runs.get(run_id).state.value == "running"
+    fresh = WorkerProcess(cluster.env, tmp_path / "fresh.log", "-c", "2")
+    cluster.workers.append(fresh)
+    fresh.wait_ready()
     status = dtask.get_run(run_id).wait(timeout=60)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
+    assert "its callback never ran" in fresh.output()
 
 
 def test_5_redis_restarted_with_its_data_gone_mid_run(cluster: Cluster) -> None:
     run_id = cluster.submit("slow_range", n=200, delay=0.05)
     wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
+    done = checkpointed(run_id)
     embedded.restart_redis(cluster.home)
-    assert_succeeded_covering_every_item(cluster, run_id, children=10)
+    assert_succeeded_resuming_every_child(cluster, run_id, 10, done)
 
 
-def test_6_postgresql_restarted_mid_run(cluster: Cluster) -> None:
+@pytest.mark.parametrize("crash", [False, True], ids=["fast", "immediate"])
+def test_6_postgresql_restarted_mid_run(cluster: Cluster, crash: bool) -> None:
     run_id = cluster.submit("slow_range", n=120, delay=0.05)
     wait_for(lambda: running_with_checkpoint(run_id, 0, 5), 30, "children to start")
-    embedded.restart_postgres(cluster.home)
-    assert_succeeded_covering_every_item(cluster, run_id, children=6)
+    done = checkpointed(run_id)
+    embedded.restart_postgres(cluster.home, crash=crash)
+    assert_succeeded_resuming_every_child(cluster, run_id, 6, done)
 
 
 def test_7_a_stopped_worker_wakes_up_to_find_its_child_taken_over(cluster: Cluster) -> None:
@@ -264,7 +336,15 @@ def test_7_a_stopped_worker_wakes_up_to_find_its_child_taken_over(cluster: Clust
     after = dtask.get_run(run_id).status()
     assert after.state is dtask.RunState.SUCCEEDED and after.finished_at == status.finished_at
     assert children(run_id) == [(0, "succeeded", 2)]
-    assert stale.proc.poll() is None  # it carries on with other work
+    # it carries on with other work: alone now, it runs a new run to the end
+    for other in [w for w in cluster.workers if w is not stale]:
+        cluster.kill_worker(other)
+    pids = worker_pids(stale)
+    second = cluster.submit("slow_range", n=40, delay=0.1)
+    owners = wait_for(lambda: {p for _, _, p in progress(second).values() if p}, 30, "a claim")
+    status = dtask.get_run(second).wait(timeout=60)
+    assert owners <= pids and status.state is dtask.RunState.SUCCEEDED, (owners, status.error)
+    assert children(second) == [(0, "succeeded", 1), (1, "succeeded", 1)]
 
 
 def test_8_a_child_that_always_kills_its_process_fails_after_max_attempts(
