@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -98,6 +99,29 @@ class Budget:
         return time.monotonic() < self.deadline
 
 
+class Sender:
+    """The pass's own broker connection, opened when the pass first sends and closed with it.
+    Not the app's pooled one: a pool process forked later (one replacing a killed process)
+    shuts the inherited socket down in its after-fork cleanup, and on RabbitMQ the reaper's
+    next send failed with "connection reset by peer"."""
+
+    def __init__(self) -> None:
+        self._connection: Any = None
+        self._producer: Any = None
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            self._connection = app.connection_for_write()
+            self._producer = app.amqp.Producer(self._connection)
+        return self._producer
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.release()
+        self._connection = self._producer = None
+
+
 class LostMessages:
     """When the lost-message step last ran in this process: at most once per half stall
     timeout, so a long healthy backlog gets a bounded number of duplicates."""
@@ -120,7 +144,7 @@ def reap_once() -> Pass:
     config = services.current().settings
     store = services.store()
     recovery, guard = store.recovery, failures.guard
-    with recovery.turn(hold_for=config.lease_ttl) as leader:
+    with recovery.turn(hold_for=config.lease_ttl) as leader, closing(Sender()) as sender:
         if not leader:
             return Pass(leader=False)
         budget = Budget(config.lease_ttl / 2)
@@ -136,48 +160,53 @@ def reap_once() -> Pass:
                 log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
         expired = 0
         if budget.left():
-            expired = guard("releasing expired leases", None, partial(_release_expired, store)) or 0
+            expired = (
+                guard("releasing expired leases", None, partial(_release_expired, store, sender))
+                or 0
+            )
         unstuck = 0
         if budget.left():
             stuck = partial(recovery.take_stuck, config.stall_timeout)
             for run_id, state in guard("finding stuck runs", None, stuck) or []:
-                if guard("re-sending the master", run_id, partial(_send_master, run_id)):
+                if guard("re-sending the master", run_id, partial(_send_master, run_id, sender)):
                     unstuck += 1
                     log.warning("reaper: run %s stuck in %s, its master re-sent", run_id, state)
         resent = 0
         if budget.left() and LostMessages.due(config.stall_timeout):
-            lost = partial(_resend, store, config, budget)
+            lost = partial(_resend, store, config, budget, sender)
             resent = guard("re-sending lost messages", None, lost) or 0
         return Pass(True, finalized, expired, unstuck, resent)
 
 
-def _release_expired(store: Store) -> int:
+def _release_expired(store: Store, sender: Sender) -> int:
     expired = store.recovery.release_expired()
     if expired:
-        publish(expired)
+        publish(expired, through=sender.producer)
         for c in expired:
             log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
     return len(expired)
 
 
-def _send_master(run_id: int) -> bool:
-    send_master(run_id)
+def _send_master(run_id: int, sender: Sender) -> bool:
+    send_master(run_id, through=sender.producer)
     return True
 
 
-def _resend(store: Store, config: Settings, budget: Budget) -> int:
+def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> int:
     """Re-send children not claimed a stall timeout after their message was sent, each queue
     on its own (a queue whose broker fails is logged and skipped)."""
     resent = 0
     for waiting in store.recovery.waiting(config.stall_timeout):
         if waiting.overdue and budget.left():
             name = waiting.queue or DEFAULT_QUEUE
-            step = partial(_resend_queue, store, config, budget, waiting)
+            step = partial(_resend_queue, store, config, budget, sender, waiting)
             resent += failures.guard(f"re-sending lost messages of queue {name!r}", None, step) or 0
     return resent
 
 
-def _resend_queue(store: Store, config: Settings, budget: Budget, waiting: Waiting) -> int:
+def _resend_queue(
+    store: Store, config: Settings, budget: Budget, sender: Sender, waiting: Waiting
+) -> int:
     """A healthy queue may hold overdue children too (a backlog): what the broker holds cannot
     say which messages are missing, only how many at least (pending in PostgreSQL minus ready
     in the queue). So up to that many, and at least ``resend_batch``, of the oldest are re-sent
@@ -192,7 +221,7 @@ def _resend_queue(store: Store, config: Settings, budget: Budget, waiting: Waiti
         )
         if not lost:
             break
-        resent += publish(lost)
+        resent += publish(lost, through=sender.producer)
         todo -= len(lost)
     if resent:
         log.warning(
