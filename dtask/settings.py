@@ -129,7 +129,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
     "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
-    "DTASK_RESEND_BATCH": ("100", "most unclaimed messages re-sent per queue per half stall"),
+    "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
     "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),

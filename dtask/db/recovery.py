@@ -34,6 +34,7 @@ class Waiting:
     queue: str | None
     pending: int
     overdue: int  # sent over a stall timeout ago
+    started: int  # children started within a stall timeout: the queue moves
 
 
 class RecoveryStore:
@@ -89,18 +90,23 @@ class RecoveryStore:
 
     def waiting(self, stall: float) -> list[Waiting]:
         """Per queue of running runs: how many children are pending (their messages should be
-        in the broker) and how many of those were sent over ``stall`` seconds ago."""
+        in the broker), how many of those were sent over ``stall`` seconds ago, and how many
+        children started within ``stall`` (whether anyone consumes the queue)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT r.queue, count(*) AS pending, count(*) FILTER"
-                    " (WHERE c.sent_at < now() - make_interval(secs => :stall)) AS overdue"
+                    "SELECT r.queue, count(*) FILTER (WHERE c.state = 'pending') AS pending,"
+                    " count(*) FILTER (WHERE c.state = 'pending'"
+                    "   AND c.sent_at < now() - make_interval(secs => :stall)) AS overdue,"
+                    " count(*) FILTER (WHERE c.state <> 'pending') AS started"
                     " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE c.state = 'pending' AND r.state = 'running' GROUP BY r.queue"
+                    " WHERE r.state = 'running' AND (c.state = 'pending'"
+                    "   OR c.started_at > now() - make_interval(secs => :stall))"
+                    " GROUP BY r.queue"
                 ),
                 {"stall": stall},
             ).all()
-        return [Waiting(r.queue, int(r.pending), int(r.overdue)) for r in rows]
+        return [Waiting(r.queue, int(r.pending), int(r.overdue), int(r.started)) for r in rows]
 
     def take_overdue(self, queue: str | None, stall: float, limit: int) -> list[Redispatch]:
         """The ``limit`` pending children of running runs in ``queue`` sent longest ago (over

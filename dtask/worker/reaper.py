@@ -207,13 +207,16 @@ def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> i
 def _resend_queue(
     store: Store, config: Settings, budget: Budget, sender: Sender, waiting: Waiting
 ) -> int:
-    """A healthy queue may hold overdue children too (a backlog): what the broker holds cannot
-    say which messages are missing, only how many at least (pending in PostgreSQL minus ready
-    in the queue). So up to that many, and at least ``resend_batch``, of the oldest are re-sent
-    with their original identity; a copy of a child that runs or ran is refused by its claim."""
+    """What the broker holds cannot say which messages are missing, only how many at least
+    (pending in PostgreSQL minus ready in the queue): that many of the oldest are re-sent.
+    A queue that moves (children started within the stall timeout) may still hide a lost
+    message behind a healthy backlog: there at least ``resend_batch`` are. A queue nobody
+    consumes gets no blind copies: they would only pile up. A copy of a child that runs or
+    ran is refused by its claim."""
     name = waiting.queue or DEFAULT_QUEUE
     missing = waiting.pending - queue_size(name)
-    todo = min(waiting.overdue, max(config.resend_batch, missing), MOST_RESENT)
+    blind = config.resend_batch if waiting.started else 0
+    todo = min(waiting.overdue, max(blind, missing), MOST_RESENT)
     resent = 0
     while todo > 0 and budget.left():
         lost = store.recovery.take_overdue(
