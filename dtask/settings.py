@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     )
     reaper_interval: float = Field(1.0, ge=0.1)
     stall_timeout: float = Field(15.0, ge=1.0)
+    resend_batch: int = Field(100, ge=1)
     drain_grace: float = Field(5.0, ge=0.0)
     checkpoint_interval: float = Field(1.0, ge=0.0)
     checkpoint_every: int = Field(10_000, ge=1)
@@ -146,7 +147,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_LEASE_TTL": ("8", "seconds a child's lease lasts without a heartbeat"),
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
-    "DTASK_STALL_TIMEOUT": ("15", "seconds without progress before lost messages are re-sent"),
+    "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
+    "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
     "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),

@@ -3,7 +3,7 @@
 from dtask.db.children import ChildView, Claim, Refusal
 from dtask.db.database import Database
 from dtask.db.engine import engine_for
-from dtask.db.recovery import Redispatch
+from dtask.db.recovery import Redispatch, Waiting
 from dtask.db.runs import NewRun, RunRecord
 from dtask.db.store import Store
 
@@ -16,5 +16,6 @@ __all__ = [
     "Refusal",
     "RunRecord",
     "Store",
+    "Waiting",
     "engine_for",
 ]

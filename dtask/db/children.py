@@ -166,7 +166,7 @@ class ChildStore:
                     "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
                     "   ELSE :error END,"
                     " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
-                    " owner = NULL, lease_expires_at = NULL, updated_at = now()"
+                    " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                     " RETURNING state"
                 ),
@@ -198,7 +198,7 @@ class ChildStore:
             claim,
             "state = 'pending', attempt = attempt - 1,"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-            " lease_expires_at = NULL",
+            " lease_expires_at = NULL, sent_at = now()",  # its hand-over message goes now
             cp=_json_or_none(checkpoint),
         )
 

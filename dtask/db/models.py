@@ -62,6 +62,7 @@ class RunRow(Base):
     group_id: Mapped[str | None] = mapped_column(String(100))
     chord_size: Mapped[int | None] = mapped_column(Integer)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
@@ -95,6 +96,8 @@ class ChildRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # when its latest message was published: a pending child not claimed long after is lost
+    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (
         UniqueConstraint("run_id", "index"),
@@ -102,6 +105,7 @@ class ChildRow(Base):
         CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
         Index(None, "run_id", "state"),
         Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
+        Index(None, "sent_at", postgresql_where=text("state = 'pending'")),
     )
 
 

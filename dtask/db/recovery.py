@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from dtask.db.database import REAPER_LOCK, Database, sql
+from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
 from dtask.domain.runs import RunState
 from dtask.exceptions import LeaseLost
 
@@ -25,6 +25,16 @@ class Redispatch:
     template: str
     group_id: str
     queue: str | None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Children whose messages should be waiting in one queue's broker queue."""
+
+    queue: str | None
+    pending: int
+    overdue: int  # sent over a stall timeout ago
+    started: int  # children started within a stall timeout: the queue moves
 
 
 class RecoveryStore:
@@ -64,7 +74,7 @@ class RecoveryStore:
             rows = conn.execute(
                 sql(
                     "UPDATE dtask_children c SET state = 'pending', owner = NULL,"
-                    " lease_expires_at = NULL, updated_at = now()"
+                    " lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " FROM dtask_runs r WHERE c.id IN ("
                     "   SELECT e.id FROM dtask_children e JOIN dtask_runs er ON er.id = e.run_id"
                     "   WHERE e.state = 'running' AND e.lease_expires_at < now()"
@@ -78,55 +88,69 @@ class RecoveryStore:
             ).all()
         return [_redispatch(r) for r in rows if r.resend]
 
-    def stalled_runs(self, stall: float) -> list[tuple[int, str | None]]:
-        """(run id, queue) of running runs with pending children where no child has changed
-        for ``stall`` seconds: their messages may be lost (broker restarted, or prefetched
-        by a worker that died). Heartbeats do not count as change."""
+    def waiting(self, stall: float) -> list[Waiting]:
+        """Per queue of running runs: how many children are pending (their messages should be
+        in the broker), how many of those were sent over ``stall`` seconds ago, and how many
+        children started within ``stall`` (whether anyone consumes the queue)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT r.id, r.queue FROM dtask_runs r WHERE r.state = 'running'"
-                    " AND r.updated_at < now() - make_interval(secs => :stall)"
-                    " AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
-                    "   AND c.state = 'pending')"
-                    " AND NOT EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
-                    "   AND c.updated_at > now() - make_interval(secs => :stall))"
-                    " ORDER BY r.id LIMIT 100"
+                    "SELECT r.queue, count(*) FILTER (WHERE c.state = 'pending') AS pending,"
+                    " count(*) FILTER (WHERE c.state = 'pending'"
+                    "   AND c.sent_at < now() - make_interval(secs => :stall)) AS overdue,"
+                    " count(*) FILTER (WHERE c.state <> 'pending') AS started"
+                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
+                    " WHERE r.state = 'running' AND (c.state = 'pending'"
+                    "   OR c.started_at > now() - make_interval(secs => :stall))"
+                    " GROUP BY r.queue"
                 ),
                 {"stall": stall},
             ).all()
-        return [(int(r.id), r.queue) for r in rows]
+        return [Waiting(r.queue, int(r.pending), int(r.overdue), int(r.started)) for r in rows]
 
-    def pending_children(self, run_id: int, limit: int = 10_000) -> list[Redispatch]:
-        """The run's pending children, to re-send; marks the run touched so this is rate-limited
-        to once per stall period."""
+    def take_overdue(self, queue: str | None, stall: float, limit: int) -> list[Redispatch]:
+        """The ``limit`` pending children of running runs in ``queue`` sent longest ago (over
+        ``stall`` seconds), marked sent now: the caller re-sends them.
+
+        Oldest first: in a queue each broker delivers in order, so a lost message is older than
+        every message still waiting; only the queue's head and messages held by workers
+        (prefetched, or a retry's countdown) come before it."""
         with self.db.tx() as conn:
-            conn.execute(
-                sql("UPDATE dtask_runs SET updated_at = now() WHERE id = :id"), {"id": run_id}
-            )
             rows = conn.execute(
                 sql(
-                    "SELECT c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
-                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE c.run_id = :id AND c.state = 'pending' ORDER BY c.index LIMIT :limit"
+                    "UPDATE dtask_children c SET sent_at = now() FROM dtask_runs r"
+                    " WHERE c.id IN ("
+                    "   SELECT o.id FROM dtask_children o JOIN dtask_runs q ON q.id = o.run_id"
+                    "   WHERE o.state = 'pending'"
+                    "   AND o.sent_at < now() - make_interval(secs => :stall)"
+                    "   AND q.state = 'running' AND q.queue IS NOT DISTINCT FROM :queue"
+                    "   ORDER BY o.sent_at, o.id LIMIT :limit FOR UPDATE OF o SKIP LOCKED)"
+                    " AND r.id = c.run_id"
+                    " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
                 ),
-                {"id": run_id, "limit": limit},
+                {"queue": queue, "stall": stall, "limit": limit},
             ).all()
         return [_redispatch(r) for r in rows]
 
-    def stuck_runs(self, stall: float) -> list[tuple[int, RunState]]:
-        """Runs left in pending/splitting for ``stall`` seconds with no master working on them
-        (its advisory lock is free): the submitter or the master's worker died, or the master
-        message is lost."""
+    def take_stuck(self, stall: float, limit: int = 100) -> list[tuple[int, RunState]]:
+        """Runs left in pending/splitting for ``stall`` seconds whose master is not working on
+        them (its advisory lock is free) and was not re-sent within ``stall``: the submitter or
+        the master's worker died, or the master message is lost. Marked as re-sent now."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT id, state FROM dtask_runs WHERE state IN ('pending', 'splitting')"
-                    " AND updated_at < now() - make_interval(secs => :stall) ORDER BY id LIMIT 100"
+                    "UPDATE dtask_runs SET master_sent_at = now() WHERE id IN ("
+                    "   SELECT id FROM dtask_runs WHERE state IN ('pending', 'splitting')"
+                    "   AND updated_at < now() - make_interval(secs => :stall)"
+                    "   AND (master_sent_at IS NULL"
+                    "     OR master_sent_at < now() - make_interval(secs => :stall))"
+                    "   AND pg_try_advisory_xact_lock(:ns, (id & 2147483647)::int)"
+                    "   ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)"
+                    " RETURNING id, state"
                 ),
-                {"stall": stall},
+                {"stall": stall, "limit": limit, "ns": RUN_LOCKS},
             ).all()
-        return [(int(r.id), RunState(r.state)) for r in rows]
+        return sorted((int(r.id), RunState(r.state)) for r in rows)
 
     def unfinalized_runs(self, settled_for: float) -> list[int]:
         """Running runs whose children all finished over ``settled_for`` seconds ago: their

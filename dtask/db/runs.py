@@ -197,6 +197,14 @@ class RunStore:
             run = self._record(conn, run_id)
             if run.state is not RunState.SPLITTING:
                 return run.state
+            # sent now: children split long ago (a stuck run, a rerun) must not look lost
+            conn.execute(
+                sql(
+                    "UPDATE dtask_children SET sent_at = now() WHERE run_id = :id"
+                    " AND state = 'pending' AND sent_at < now() - interval '1 second'"
+                ),
+                {"id": run_id},
+            )
             children = [
                 (int(index), spec)
                 for index, spec in conn.execute(

@@ -19,11 +19,12 @@ CHILD = "dtask.child"
 FINALIZE = "dtask.finalize"
 
 
-def send_master(run_id: int) -> None:
-    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide)."""
+def send_master(run_id: int, through: Any = None) -> None:
+    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide).
+    Through ``through`` if given, else a producer from the app's pool."""
     configure()
     try:
-        app.send_task(MASTER, args=(run_id,), retry=True, ignore_result=True)
+        app.send_task(MASTER, args=(run_id,), retry=True, ignore_result=True, producer=through)
     except Exception as exc:
         raise BrokerUnavailable(
             f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
@@ -60,9 +61,9 @@ def _priority(value: int) -> dict[str, int]:
     return {"priority": value} if is_redis(str(app.conf.broker_url)) else {}
 
 
-def publish(children: Iterable[Redispatch], priority: int = RESEND) -> int:
+def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any = None) -> int:
     """Send child messages through one producer, pipelined where the broker allows (Redis);
-    returns how many.
+    returns how many. Through ``through`` if given, else a producer from the app's pool.
 
     Each message is the one ``child.apply_async`` would send (same headers, body and
     properties, built by Celery's ``create_task_message``) minus the per-call overhead that
@@ -75,7 +76,7 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND) -> int:
     declared: dict[str, Any] = {}
     options = _priority(priority)
     parent = _parent_ids()
-    with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
+    with app.producer_or_acquire(through) as producer, producer.batch(max_size=PUBLISH_BATCH):
         for c in children:
             callback = callbacks.get(c.group_id)
             if callback is None:

@@ -1,20 +1,26 @@
 """The reaper: failover detected by dtask, not by the broker.
 
 A thread in every `dtask worker` main process; each pass takes a cluster-wide advisory lock,
-so exactly one reaps at a time and any survivor takes over when that worker dies. A pass:
+so exactly one reaps at a time and any survivor takes over when that worker dies. A pass only
+decides and sends: it runs no user code, and each step is bounded in rows and in time, so a
+pass ends well within the turn's limit (one lease TTL). It:
 
 1. finalizes running runs whose children have all finished (their callback never ran);
 2. releases children whose lease expired (owner dead or hung) and re-sends them with their
    original task id and chord options, so they resume from their checkpoint elsewhere;
-3. splits/dispatches runs stuck in pending/splitting with no master on them;
-4. re-sends pending children of stalled runs when their queue is empty (lost messages).
+3. re-sends the master message of runs stuck in pending/splitting: a worker that knows the
+   template splits and dispatches them (the split is user code and may take long);
+4. re-sends pending children whose message was sent a stall timeout ago and not claimed
+   (lost messages), oldest first and a bounded number per queue, whatever the queue holds.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -22,16 +28,16 @@ from typing import Any, TypeVar
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.db import Store
-from dtask.domain.runs import RunState
+from dtask.db import Store, Waiting
 from dtask.exceptions import DtaskError
+from dtask.settings import Settings
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import publish
-from dtask.worker.tasks import TemplateElsewhere, run_master
+from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_master
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
+MOST_RESENT = 10_000  # children re-sent per queue and pass when the broker lost many at once
 T = TypeVar("T")
 
 
@@ -83,61 +89,150 @@ class Failures:
 failures = Failures()
 
 
+class Budget:
+    """A pass's time: it must end well within its turn's limit (one lease TTL idle)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def left(self) -> bool:
+        return time.monotonic() < self.deadline
+
+
+class Sender:
+    """The pass's own broker connection, opened when the pass first sends and closed with it.
+    Not the app's pooled one: a pool process forked later (one replacing a killed process)
+    shuts the inherited socket down in its after-fork cleanup, and on RabbitMQ the reaper's
+    next send failed with "connection reset by peer"."""
+
+    def __init__(self) -> None:
+        self._connection: Any = None
+        self._producer: Any = None
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is None:
+            self._connection = app.connection_for_write()
+            self._producer = app.amqp.Producer(self._connection)
+        return self._producer
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.release()
+        self._connection = self._producer = None
+
+
+class LostMessages:
+    """When the lost-message step last ran in this process: at most once per half stall
+    timeout, so a long healthy backlog gets a bounded number of duplicates."""
+
+    last = float("-inf")
+
+    @classmethod
+    def due(cls, stall: float) -> bool:
+        now = time.monotonic()
+        if now - cls.last < stall / 2:
+            return False
+        cls.last = now
+        return True
+
+
 def reap_once() -> Pass:
     """One pass, if this worker holds the reaper's turn. Each step, and each run within a step,
-    is isolated: one that fails (user code, a held lock, a broken row) is logged and skipped."""
+    is isolated: one that fails (a held lock, a broken row, the broker) is logged and skipped;
+    a step that runs out of the pass's time leaves the rest to the next pass."""
     config = services.current().settings
     store = services.store()
     recovery, guard = store.recovery, failures.guard
-    with recovery.turn(hold_for=config.lease_ttl) as leader:
+    with recovery.turn(hold_for=config.lease_ttl) as leader, closing(Sender()) as sender:
         if not leader:
             return Pass(leader=False)
+        budget = Budget(config.lease_ttl / 2)
         finalized = 0
         unfinalized = partial(recovery.unfinalized_runs, settled_for=CALLBACK_GRACE)
         for run_id in guard("finding unfinalized runs", None, unfinalized) or []:
+            if not budget.left():
+                break
             # never wait on a run's lock: whoever holds it is finalizing or changing the run
             state = guard("finalize", run_id, partial(store.runs.finalize, run_id, wait=False))
             if state is not None and state.finished:
                 finalized += 1
                 log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)
-        expired = guard("releasing expired leases", None, partial(_release_expired, store)) or 0
+        expired = 0
+        if budget.left():
+            expired = (
+                guard("releasing expired leases", None, partial(_release_expired, store, sender))
+                or 0
+            )
         unstuck = 0
-        stuck = partial(recovery.stuck_runs, config.stall_timeout)
-        for run_id, state in guard("finding stuck runs", None, stuck) or []:
-            after = guard("restart", run_id, partial(_restart, store, run_id, state))
-            if after is not None and after is not state:
-                unstuck += 1
-                log.warning("reaper: run %s was stuck in %s, now %s", run_id, state, after)
+        if budget.left():
+            stuck = partial(recovery.take_stuck, config.stall_timeout)
+            for run_id, state in guard("finding stuck runs", None, stuck) or []:
+                if guard("re-sending the master", run_id, partial(_send_master, run_id, sender)):
+                    unstuck += 1
+                    log.warning("reaper: run %s stuck in %s, its master re-sent", run_id, state)
         resent = 0
-        stalled = partial(recovery.stalled_runs, config.stall_timeout)
-        for run_id, queue in guard("finding stalled runs", None, stalled) or []:
-            resent += guard("re-send", run_id, partial(_resend, store, run_id, queue)) or 0
+        if budget.left() and LostMessages.due(config.stall_timeout):
+            lost = partial(_resend, store, config, budget, sender)
+            resent = guard("re-sending lost messages", None, lost) or 0
         return Pass(True, finalized, expired, unstuck, resent)
 
 
-def _release_expired(store: Store) -> int:
+def _release_expired(store: Store, sender: Sender) -> int:
     expired = store.recovery.release_expired()
     if expired:
-        publish(expired)
+        publish(expired, through=sender.producer)
         for c in expired:
             log.warning("reaper: run %s child %s lease expired, re-sent", c.run_id, c.index)
     return len(expired)
 
 
-def _restart(store: Store, run_id: int, state: RunState) -> RunState:
-    try:
-        return run_master(store, run_id, wait=False)
-    except TemplateElsewhere:
-        return state  # left to a worker that knows the template (the reaper runs everywhere)
+def _send_master(run_id: int, sender: Sender) -> bool:
+    send_master(run_id, through=sender.producer)
+    return True
 
 
-def _resend(store: Store, run_id: int, queue: str | None) -> int:
-    if queue_size(queue or DEFAULT_QUEUE) != 0:
-        return 0
-    lost = store.recovery.pending_children(run_id)
-    sent = publish(lost)
-    log.warning("reaper: run %s stalled, re-sent %d pending children", run_id, sent)
-    return sent
+def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> int:
+    """Re-send children not claimed a stall timeout after their message was sent, each queue
+    on its own (a queue whose broker fails is logged and skipped)."""
+    resent = 0
+    for waiting in store.recovery.waiting(config.stall_timeout):
+        if waiting.overdue and budget.left():
+            name = waiting.queue or DEFAULT_QUEUE
+            step = partial(_resend_queue, store, config, budget, sender, waiting)
+            resent += failures.guard(f"re-sending lost messages of queue {name!r}", None, step) or 0
+    return resent
+
+
+def _resend_queue(
+    store: Store, config: Settings, budget: Budget, sender: Sender, waiting: Waiting
+) -> int:
+    """What the broker holds cannot say which messages are missing, only how many at least
+    (pending in PostgreSQL minus ready in the queue): that many of the oldest are re-sent.
+    A queue that moves (children started within the stall timeout) may still hide a lost
+    message behind a healthy backlog: there at least ``resend_batch`` are. A queue nobody
+    consumes gets no blind copies: they would only pile up. A copy of a child that runs or
+    ran is refused by its claim."""
+    name = waiting.queue or DEFAULT_QUEUE
+    missing = waiting.pending - queue_size(name)
+    blind = config.resend_batch if waiting.started else 0
+    todo = min(waiting.overdue, max(blind, missing), MOST_RESENT)
+    resent = 0
+    while todo > 0 and budget.left():
+        lost = store.recovery.take_overdue(
+            waiting.queue, config.stall_timeout, min(todo, PUBLISH_BATCH)
+        )
+        if not lost:
+            break
+        resent += publish(lost, through=sender.producer)
+        todo -= len(lost)
+    if resent:
+        log.warning(
+            "reaper: queue %r: re-sent %d children not claimed within %g s (%d pending, %d"
+            " overdue, about %d missing from the broker)",
+            name, resent, config.stall_timeout, waiting.pending, waiting.overdue, max(missing, 0),
+        )  # fmt: skip
+    return resent
 
 
 class Reaper:

@@ -15,7 +15,8 @@ from dtask.db import Claim, Store
 from dtask.db.database import RUN_LOCKS
 from dtask.domain.runs import RunState
 from dtask.worker import configure
-from dtask.worker.reaper import Pass, reap_once
+from dtask.worker.reaper import LostMessages, Pass, reap_once
+from dtask.worker.tasks import run_master
 from tests.support.db import child_row, children, wait_for
 
 
@@ -27,6 +28,7 @@ def store(dtask_env: dict[str, str]) -> Iterator[Store]:
 
 def lead_a_pass() -> Pass:
     """A pass as the reaper (another process's reaper may hold the turn for a moment)."""
+    LostMessages.last = float("-inf")  # each pass of a test looks for lost messages
     done: list[Pass] = []
     wait_for(lambda: done.append(p) or True if (p := reap_once()).leader else False, 30, "turn")
     return done[0]
@@ -57,7 +59,9 @@ def expire_lease_of_child_0(store: Store, run_id: int) -> None:
     )
 
 
-def test_a_split_that_raises_fails_its_run_and_the_pass_goes_on(store: Store) -> None:
+def test_stuck_runs_get_their_master_re_sent_and_a_bad_split_fails_only_its_run(
+    store: Store,
+) -> None:
     bad = new_run(store, "broken_split", {"n": 3})
     good = new_run(store, "print_range", {"n": 10})
     sql(
@@ -65,7 +69,10 @@ def test_a_split_that_raises_fails_its_run_and_the_pass_goes_on(store: Store) ->
         b=bad,
         g=good,
     )  # both stuck in pending: their masters' messages were lost
-    lead_a_pass()
+    assert lead_a_pass().unstuck >= 2  # the pass runs no split: it re-sends both masters
+    assert lead_a_pass().unstuck == 0  # ...once per stall timeout
+    for run_id in (bad, good):  # what the master task does on the worker that takes it
+        run_master(store, run_id)
     failed = store.runs.status(bad)
     assert failed.state is RunState.FAILED
     assert "KeyError" in (failed.error or "") and "broken_split" in (failed.error or "")

@@ -172,3 +172,18 @@ def _split_with_a_bug(rendered: dict[str, int]) -> list[dict[str, int]]:
 @dtask.template("broken_split", params={"n": int}, skeleton={"n": "${n}"}, split=_split_with_a_bug)
 def broken_split(ctx: dtask.ChildContext, a: int) -> None:
     """Its split raises KeyError: user code with a bug."""
+
+
+@dtask.template(
+    "long_split",
+    params={"n": int, "seconds": float},
+    skeleton={"start": 1, "end": "${n}", "seconds": "${seconds}"},
+    split=lambda r: (
+        __import__("time").sleep(r["seconds"]) or dtask.RangeSplit("start", "end", chunk=10)(r)
+    ),
+)
+def long_split(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """Its split takes ``seconds`` (longer than a lease, if the test wants)."""
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            out.write(f"{i}\n")

@@ -1,0 +1,83 @@
+"""Broker-side tools for the lost-message tests, run as a subprocess with a cluster's
+environment (so it talks to that cluster's broker, Redis or RabbitMQ):
+
+    python -m tests.support.broker lose N DELAY   a slow_range run whose child message is lost
+    python -m tests.support.broker busy MIN       keep at least MIN messages waiting, for ever
+    python -m tests.support.broker purge          empty the default queue
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+
+from kombu import Queue
+
+import dtask
+from dtask import services
+from dtask.worker import configure
+from dtask.worker.app import app
+from dtask.worker.config import DEFAULT_QUEUE
+from dtask.worker.dispatch import child_task_id
+from dtask.worker.reaper import queue_size
+from dtask.worker.tasks import run_master
+
+
+def delete_message(task_id: str) -> bool:
+    """Take the task's message out of the queue and ack it; put the others back."""
+    found = False
+    others = []
+    with app.connection_for_write() as conn:
+        queue = Queue(DEFAULT_QUEUE, no_declare=True).bind(conn.default_channel)
+        while (message := queue.get(no_ack=False)) is not None:
+            if message.headers.get("id") == task_id:
+                message.ack()
+                found = True
+            else:
+                others.append(message)
+        for message in others:
+            message.reject(requeue=True)
+    return found
+
+
+def lose(n: int, delay: float) -> int:
+    """A run split and dispatched here (its master never queued), its one child's message
+    then deleted from the broker before any worker took it."""
+    store = services.store()
+    variables = {"n": n, "delay": delay}
+    run_id, _ = store.runs.create("slow_range", f"lost:{uuid.uuid4()}", variables, 3, None)
+    run_master(store, run_id)
+    group = store.runs.get(run_id).group_id
+    assert group is not None
+    if not delete_message(child_task_id(group, 0)):
+        raise SystemExit(f"run {run_id}: its child's message was not in the queue")
+    return run_id
+
+
+def busy(least: int) -> None:
+    """Small runs (four half-second children each), submitted whenever fewer than ``least``
+    messages wait: a queue that never empties, even on a busy machine."""
+    while True:
+        if queue_size(DEFAULT_QUEUE) < least:
+            dtask.submit("slow_range", {"n": 80, "delay": 0.025})
+        else:
+            time.sleep(0.05)
+
+
+def main(argv: list[str]) -> None:
+    configure()
+    command, *args = argv
+    if command == "lose":
+        print(lose(int(args[0]), float(args[1])), flush=True)
+    elif command == "busy":
+        busy(int(args[0]))
+    elif command == "purge":
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(DEFAULT_QUEUE)
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
