@@ -27,6 +27,7 @@ class Claim:
     max_attempts: int
     spec: dict[str, Any]
     checkpoint: Any
+    execution_cap: float | None = None  # the run's own cap (None: the template's)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class ChildStore:
                     " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
                     " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
                     "   AND r.state IN ('splitting', 'running'))"
-                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint"
+                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint,"
+                    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
                 ),
                 {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
             ).first()
@@ -82,6 +84,7 @@ class ChildStore:
                     max_attempts=row.max_attempts,
                     spec=row.spec,
                     checkpoint=row.checkpoint,
+                    execution_cap=row.cap,
                 )
             current = conn.execute(
                 sql(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -28,11 +29,12 @@ from dtask.exceptions import (
     ChildStopped,
     DatabaseUnavailable,
     DtaskError,
+    ExecutionCapExceeded,
     LeaseLost,
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import drain
+from dtask.worker import drain, runaway
 from dtask.worker.app import app
 from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
 from dtask.worker.heartbeat import Heartbeat
@@ -166,10 +168,17 @@ def _run_claimed(
     spec: dict[str, Any],
 ) -> None:
     config = services.current().settings
+    tpl = registry.get(template)
+    cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
     beat = Heartbeat(
         lambda: store.children.renew_lease(claim, config.lease_ttl),
         config.heartbeat_interval,
         name=f"{run_id}.{index}",
+        give_up_at=cap.deadline + config.execution_cap_grace,
+        give_up=lambda: runaway.kill_this_pool_process(
+            cap.killed(config.execution_cap_grace),
+            lambda: store.children.fail_attempt(claim, cap.killed(config.execution_cap_grace)),
+        ),
     )
 
     def release_and_hand_over() -> None:
@@ -180,7 +189,6 @@ def _run_claimed(
     drain.running(release_and_hand_over)
     try:
         with beat:
-            tpl = registry.get(template)
             ctx = ChildContext(
                 run_id=run_id,
                 index=index,
@@ -193,7 +201,9 @@ def _run_claimed(
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
                 lease_lost=beat.lost.is_set,
-                stop_requested=lambda: beat.stop_requested.is_set() or drain.DRAINING.is_set(),
+                stop_requested=lambda: (
+                    beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
+                ),
             )
             tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
@@ -204,6 +214,10 @@ def _run_claimed(
     except (LeaseLost, DatabaseUnavailable):
         raise
     except ChildStopped:
+        if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
+            reprs = readable(template, run_id, index, spec)
+            failure = ExecutionCapExceeded(cap.message())
+            _attempt_failed(task, store, claim, run_id, index, failure, config.retry_delay, reprs)
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
         if not beat.stop_requested.is_set():  # drained, not cancelled: resume elsewhere now
             _hand_over(store, run_id, index, template, spec)
@@ -214,6 +228,24 @@ def _run_claimed(
         _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay, reprs)
     finally:
         drain.running(None)
+
+
+class _Cap:
+    """An attempt's execution cap, counted from when this worker started the attempt."""
+
+    def __init__(self, seconds: float | None, run_id: int, index: int, attempt: int) -> None:
+        self.seconds = seconds
+        self.deadline = math.inf if seconds is None else time.monotonic() + seconds
+        self._what = f"run {run_id} child {index} attempt {attempt}"
+
+    def exceeded(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def message(self) -> str:
+        return f"{self._what} exceeded its execution cap of {self.seconds:g} s"
+
+    def killed(self, grace: float) -> str:
+        return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"
 
 
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:
