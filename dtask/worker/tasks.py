@@ -219,8 +219,10 @@ def _run_claimed(
             failure = ExecutionCapExceeded(cap.message())
             _attempt_failed(task, store, claim, run_id, index, failure, config.retry_delay, reprs)
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
-        if not beat.stop_requested.is_set():  # drained, not cancelled: resume elsewhere now
-            _hand_over(store, run_id, index, template, spec)
+        # Always, also after a cancel: a rerun may have made the run active again meanwhile,
+        # and its message for this child was dropped as a duplicate while we held the lease.
+        # _hand_over re-sends only while the run is active.
+        _hand_over(store, run_id, index, template, spec)
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
