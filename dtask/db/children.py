@@ -205,6 +205,20 @@ class ChildStore:
             cp=_json_or_none(checkpoint),
         )
 
+    def revoke(self, run_id: int, index: int, error: str) -> bool:
+        """Fail an unfinished child whatever its fence (someone revoked its task): its owner's
+        next fenced write matches no row. True when it was unfinished."""
+        with self.db.owner(durable=True) as conn:
+            result = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
+                    " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+                    " WHERE run_id = :run AND index = :index AND state IN ('pending', 'running')"
+                ),
+                {"run": run_id, "index": index, "error": error},
+            )
+            return result.rowcount == 1
+
     def view(self, run_id: int, index: int) -> ChildView | None:
         with self.db.tx() as conn:
             row = conn.execute(

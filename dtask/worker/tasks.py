@@ -122,7 +122,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     drain.arm()
     try:
         store = services.store()
-        if drain.DRAINING.is_set():  # this worker is stopping: let another one take it
+        if drain.DRAINING.is_set():  # stopping: let another process take it
             _hand_over(store, run_id, index, template, spec)
             raise Ignore()
         if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
@@ -148,6 +148,9 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         # claim resumes from the last committed checkpoint. Not counted by the chord.
         log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
         raise self.retry(countdown=config.lease_ttl, max_retries=None) from None
+    finally:
+        if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
+            drain.leave()
     return None
 
 
