@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from celery import Task
 from celery.exceptions import Ignore
@@ -48,6 +48,31 @@ def _backoff(retries: int) -> float:
 
 
 T = TypeVar("T")
+
+
+class ChildWrites(Protocol):
+    """What a claimed child's lifecycle writes: ``dtask.db.children.ChildStore`` (each write
+    fenced), or a fake of it in unit tests."""
+
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None: ...
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None: ...
+    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None: ...
+    def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
+    def fail_attempt(self, claim: Claim, error: str) -> ChildState: ...
+    def error(self, run_id: int, index: int) -> str | None: ...
+
+
+class RunReads(Protocol):
+    def get(self, run_id: int) -> RunRecord: ...
+
+
+class LifecycleStore(Protocol):
+    """The part of ``Store`` the child lifecycle uses."""
+
+    @property
+    def children(self) -> ChildWrites: ...
+    @property
+    def runs(self) -> RunReads: ...
 
 
 def owner_name() -> str:
@@ -139,7 +164,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         if isinstance(taken, Refusal):
             _refused(run_id, index, taken)
             return None
-        _run_claimed(self, store, taken, run_id, index, template, spec)
+        _run_claimed(self, store, taken, run_id, index, template, spec, config)
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
@@ -154,7 +179,9 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     return None
 
 
-def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
+def _hand_over(
+    store: LifecycleStore, run_id: int, index: int, template: str, spec: dict[str, Any]
+) -> None:
     """Re-send a child this worker let go of, ahead of first-time children."""
     run = store.runs.get(run_id)
     if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
@@ -163,14 +190,14 @@ def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[
 
 def _run_claimed(
     task: Task,
-    store: Store,
+    store: LifecycleStore,
     claim: Claim,
     run_id: int,
     index: int,
     template: str,
     spec: dict[str, Any],
+    config: Settings,
 ) -> None:
-    config = services.current().settings
     tpl = registry.get(template)
     cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
     beat = Heartbeat(
@@ -266,7 +293,7 @@ def _refused(run_id: int, index: int, refusal: Refusal) -> None:
 
 def _attempt_failed(
     task: Task,
-    store: Store,
+    store: LifecycleStore,
     claim: Claim,
     run_id: int,
     index: int,

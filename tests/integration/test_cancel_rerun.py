@@ -76,7 +76,8 @@ def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) ->
     assert isinstance(claim, Claim)
 
     with pytest.raises(Ignore):
-        _run_claimed(child, store, claim, run_id, 0, TEMPLATE, {"a": 1, "b": 2})
+        spec = {"a": 1, "b": 2}
+        _run_claimed(child, store, claim, run_id, 0, TEMPLATE, spec, services.current().settings)
 
     run = store.runs.get(run_id)
     assert run.state is RunState.RUNNING and run.group_id == f"dtask-{run_id}-2"
