@@ -85,6 +85,20 @@ def test_revoke_with_terminate_fails_the_child_and_the_run(start_worker: object)
     assert worker.proc.poll() is None
 
 
+def test_revoke_of_a_waiting_child_fails_it_when_its_message_arrives(start_worker: object) -> None:
+    start_worker("-c", "1")  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 40, "delay": 0.15})  # 2 children of 3 s, one at a time
+    wait_for(lambda: running_with_checkpoint(run.id, 0, 5), 30, "child 0 to checkpoint")
+    group = services.store().runs.get(run.id).group_id
+    configure()
+    app.control.revoke(f"{group}.1")  # still in the broker: discarded when it is delivered
+
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.FAILED
+    assert status.error is not None and "child 1 was revoked through Celery" in status.error
+    assert [c[:2] for c in children(run.id)] == [(0, "succeeded"), (1, "failed")]
+
+
 def test_autoscale_grows_and_shrinks_the_pool_while_runs_go_on_and_loses_nothing(
     start_worker: object,
 ) -> None:
