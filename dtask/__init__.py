@@ -76,10 +76,17 @@ def __getattr__(name: str) -> Any:
 class _Client:
     """The port through which ``Template.delay``/``submit``/``schedule`` reach the client."""
 
-    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> Run:
+    def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        execution_cap: float | None = None,
+    ) -> Run:
         from dtask.client.runs import submit
 
-        return submit(template, variables, key=key)
+        return submit(template, variables, key=key, execution_cap=execution_cap)
 
     def schedule(
         self,

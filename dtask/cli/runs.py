@@ -179,6 +179,7 @@ def _cmd_templates(args: argparse.Namespace) -> int:
             "skeleton": t.skeleton,
             "max_attempts": t.options.max_attempts,
             "queue": t.options.queue,
+            "execution_cap": t.options.execution_cap,
             "module": t.function.__module__,
         }
         for t in registry.all()

@@ -196,9 +196,16 @@ class Template:
         return ", ".join(f"{n}: {p.type_name}" for n, p in self.params.items()) or "none"
 
     def submit(
-        self, variables: Mapping[str, Any] | None = None, key: str | None = None
+        self,
+        variables: Mapping[str, Any] | None = None,
+        key: str | None = None,
+        *,
+        execution_cap: float | None = None,
     ) -> RunHandle:
-        return launcher().submit(self.name, dict(variables or {}), key=key)
+        """Trigger one run; ``execution_cap`` (seconds) overrides the template's for it."""
+        return launcher().submit(
+            self.name, dict(variables or {}), key=key, execution_cap=execution_cap
+        )
 
     def delay(self, **variables: Any) -> RunHandle:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
@@ -247,7 +254,14 @@ class Template:
 class Launcher(Protocol):
     """What a template needs from the layer that triggers runs (installed by ``dtask``)."""
 
-    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> RunHandle: ...
+    def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        execution_cap: float | None = None,
+    ) -> RunHandle: ...
 
     def schedule(
         self,

@@ -67,7 +67,15 @@ def test_a_bad_execution_cap_from_python_creates_nothing(dtask_env: dict[str, st
     for bad in (0, -1, "5", None.__class__):
         with pytest.raises(dtask.InvalidExecutionCap, match="run of template 'print_range'"):
             dtask.submit("print_range", {"n": 5}, execution_cap=bad)  # type: ignore[arg-type]
+        with pytest.raises(dtask.InvalidExecutionCap, match="run of template 'print_range'"):
+            dtask.registry.get("print_range").submit({"n": 5}, execution_cap=bad)  # type: ignore[arg-type]
     assert run_count() == before
+    run = dtask.registry.get("print_range").submit({"n": 5}, execution_cap=7.5)
+    with services.store().engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT execution_cap FROM dtask_runs WHERE id = :id"), {"id": run.id}
+        ).scalar_one()
+    assert stored == 7.5  # the run's own cap, read by the claim
 
 
 def test_a_too_large_split_is_also_configurable(dtask_env: dict[str, str]) -> None:
