@@ -167,9 +167,11 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 
 def run_worker(extra: Sequence[str]) -> int:
+    from dtask import services
     from dtask.worker import configure, drain, reaper
 
     app = configure()
+    services.import_database_driver()  # before any fork: see its docstring
     reaper.install()
     drain.install()
     app.worker_main(worker_argv(extra))
