@@ -22,6 +22,8 @@ from dtask.exceptions import (
     ConfigurationError,
     DatabaseUnavailable,
     DtaskError,
+    ExecutionCapExceeded,
+    InvalidExecutionCap,
     InvalidSchedule,
     InvalidSplit,
     InvalidVariables,
@@ -74,10 +76,17 @@ def __getattr__(name: str) -> Any:
 class _Client:
     """The port through which ``Template.delay``/``submit``/``schedule`` reach the client."""
 
-    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> Run:
+    def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        execution_cap: float | None = None,
+    ) -> Run:
         from dtask.client.runs import submit
 
-        return submit(template, variables, key=key)
+        return submit(template, variables, key=key, execution_cap=execution_cap)
 
     def schedule(
         self,
@@ -104,6 +113,8 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailable",
     "DtaskError",
+    "ExecutionCapExceeded",
+    "InvalidExecutionCap",
     "InvalidSchedule",
     "InvalidSplit",
     "InvalidVariables",

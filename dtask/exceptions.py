@@ -48,6 +48,14 @@ class ScheduleExists(DtaskError):
     """A schedule with that name exists already."""
 
 
+class InvalidExecutionCap(DtaskError):
+    """An execution cap must be a number of seconds greater than 0."""
+
+
+class ExecutionCapExceeded(DtaskError):
+    """A child's attempt ran longer than its execution cap and was stopped."""
+
+
 class KeyConflict(DtaskError):
     """The trigger key is already used by a run with another template or variables."""
 

@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     stall_timeout: float = Field(15.0, ge=1.0)
     resend_batch: int = Field(100, ge=1)
     drain_grace: float = Field(5.0, ge=0.0)
+    execution_cap_grace: float = Field(5.0, ge=0.0)
     checkpoint_interval: float = Field(1.0, ge=0.0)
     checkpoint_every: int = Field(10_000, ge=1)
     retry_delay: float = Field(1.0, ge=0.0)
@@ -150,6 +151,10 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
     "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
     "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
+    "DTASK_EXECUTION_CAP_GRACE": (
+        "5",
+        "seconds a child over its execution cap gets to stop before its process is killed",
+    ),
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
     "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),

@@ -10,6 +10,7 @@ from typing import Any
 from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, parse_vars
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
+from dtask.exceptions import InvalidExecutionCap
 
 
 def register(sub: Any) -> None:
@@ -18,6 +19,11 @@ def register(sub: Any) -> None:
     submit.add_argument("template")
     submit.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
     submit.add_argument("--key", help="trigger key: a second submit with it returns the same run")
+    submit.add_argument(
+        "--execution-cap",
+        metavar="SECONDS",
+        help="stop (and retry) a child's attempt that runs longer; overrides the template's",
+    )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
@@ -97,7 +103,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     services.load_templates()
     tpl = registry.get(args.template)
     variables = tpl.parse_variables(parse_vars(args.var))
-    run = submit(tpl.name, variables, key=args.key)
+    run = submit(tpl.name, variables, key=args.key, execution_cap=_seconds(args.execution_cap))
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"
         print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
@@ -108,6 +114,17 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_status(run.status(), True)
     return EXIT_OK
+
+
+def _seconds(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidExecutionCap(
+            f"--execution-cap expects a number of seconds, got {text!r}"
+        ) from None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -162,6 +179,7 @@ def _cmd_templates(args: argparse.Namespace) -> int:
             "skeleton": t.skeleton,
             "max_attempts": t.options.max_attempts,
             "queue": t.options.queue,
+            "execution_cap": t.options.execution_cap,
             "module": t.function.__module__,
         }
         for t in registry.all()

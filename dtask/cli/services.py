@@ -171,6 +171,7 @@ def run_worker(extra: Sequence[str]) -> int:
     from dtask.worker import configure, drain, reaper
 
     app = configure()
+    services.import_database_driver()  # before any fork: see its docstring
     settings = services.current().settings
     if settings.embedded_database:
         print(

@@ -9,7 +9,7 @@ from typing import Any
 
 from dtask import services
 from dtask.domain.runs import RunState, RunStatus
-from dtask.domain.templates import registry
+from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
 from dtask.worker import configure
 from dtask.worker.dispatch import send_master
@@ -77,15 +77,23 @@ class Run:
             delay = min(delay * 2, poll)
 
 
-def submit(template: str, variables: dict[str, Any], key: str | None = None) -> Run:
+def submit(
+    template: str,
+    variables: dict[str, Any],
+    key: str | None = None,
+    *,
+    execution_cap: float | None = None,
+) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
+    ``execution_cap`` (seconds) overrides the template's cap on each child's attempts.
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
     configure()
     config = services.current().settings
     tpl = registry.get(template)
+    cap = check_execution_cap(execution_cap, f"run of template {tpl.name!r}")
     checked = tpl.validate(variables)
     tpl.precheck(checked, config.max_children)
     store = services.store()
@@ -95,6 +103,7 @@ def submit(template: str, variables: dict[str, Any], key: str | None = None) -> 
         variables=checked,
         max_attempts=tpl.options.max_attempts,
         queue=tpl.options.queue,
+        execution_cap=cap,
     )
     if created or store.runs.get(run_id).state is RunState.PENDING:
         try:

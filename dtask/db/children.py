@@ -27,6 +27,7 @@ class Claim:
     max_attempts: int
     spec: dict[str, Any]
     checkpoint: Any
+    execution_cap: float | None = None  # the run's own cap (None: the template's)
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class ChildStore:
                     " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
                     " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
                     "   AND r.state IN ('splitting', 'running'))"
-                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint"
+                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint,"
+                    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
                 ),
                 {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
             ).first()
@@ -82,6 +84,7 @@ class ChildStore:
                     max_attempts=row.max_attempts,
                     spec=row.spec,
                     checkpoint=row.checkpoint,
+                    execution_cap=row.cap,
                 )
             current = conn.execute(
                 sql(
@@ -201,6 +204,20 @@ class ChildStore:
             " lease_expires_at = NULL, sent_at = now()",  # its hand-over message goes now
             cp=_json_or_none(checkpoint),
         )
+
+    def revoke(self, run_id: int, index: int, error: str) -> bool:
+        """Fail an unfinished child whatever its fence (someone revoked its task): its owner's
+        next fenced write matches no row. True when it was unfinished."""
+        with self.db.owner(durable=True) as conn:
+            result = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
+                    " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+                    " WHERE run_id = :run AND index = :index AND state IN ('pending', 'running')"
+                ),
+                {"run": run_id, "index": index, "error": error},
+            )
+            return result.rowcount == 1
 
     def view(self, run_id: int, index: int) -> ChildView | None:
         with self.db.tx() as conn:

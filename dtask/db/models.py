@@ -61,6 +61,7 @@ class RunRow(Base):
     child_total: Mapped[int | None] = mapped_column(Integer)
     group_id: Mapped[str | None] = mapped_column(String(100))
     chord_size: Mapped[int | None] = mapped_column(Integer)
+    execution_cap: Mapped[float | None] = mapped_column(Float)  # NULL: the template's
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     schedule: Mapped[str | None] = mapped_column(String(100))

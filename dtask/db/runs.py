@@ -45,6 +45,7 @@ class NewRun:
     queue: str | None
     schedule: str | None = None
     slot: datetime | None = None
+    execution_cap: float | None = None  # overrides the template's
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -53,9 +54,10 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
     row = conn.execute(
         sql(
             "INSERT INTO dtask_runs"
-            " (template, trigger_key, variables, max_attempts, queue, schedule, slot)"
+            " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
+            " execution_cap)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
-            " :schedule, :slot)"
+            " :schedule, :slot, :execution_cap)"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
         {**asdict(run), "variables": json.dumps(run.variables)},
@@ -74,10 +76,14 @@ class RunStore:
         variables: dict[str, Any],
         max_attempts: int,
         queue: str | None,
+        execution_cap: float | None = None,
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created)."""
         with self.db.tx() as conn:
-            created = insert_run(conn, NewRun(template, key, variables, max_attempts, queue))
+            created = insert_run(
+                conn,
+                NewRun(template, key, variables, max_attempts, queue, execution_cap=execution_cap),
+            )
             if created is not None:
                 return created, True
             existing = conn.execute(

@@ -8,6 +8,7 @@ above the domain.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from dtask.domain.splitting import SplitStrategy, check_count, check_specs
 from dtask.exceptions import (
     ConfigurationError,
     DtaskError,
+    InvalidExecutionCap,
     InvalidVariables,
     SplitFailed,
     TemplateDefinitionError,
@@ -77,12 +79,24 @@ def render(skeleton: JSON, variables: Mapping[str, Any]) -> JSON:
     return skeleton
 
 
+def check_execution_cap(value: object, where: str) -> float | None:
+    """Seconds an attempt may run (None: no cap); raise InvalidExecutionCap naming ``where``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidExecutionCap(f"{where}: execution cap {value!r} is not a number of seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidExecutionCap(f"{where}: execution cap must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class TemplateOptions:
     max_attempts: int = 3
     queue: str | None = None
     checkpoint_interval: float | None = None
     checkpoint_every: int | None = None
+    execution_cap: float | None = None  # seconds an attempt may run; a run may override it
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,7 @@ class Template:
             )
         if self.options.max_attempts < 1:
             raise TemplateDefinitionError(f"template {self.name!r}: max_attempts must be >= 1")
+        check_execution_cap(self.options.execution_cap, f"template {self.name!r}")
         try:
             json.dumps(self.skeleton)
         except (TypeError, ValueError) as exc:
@@ -181,9 +196,16 @@ class Template:
         return ", ".join(f"{n}: {p.type_name}" for n, p in self.params.items()) or "none"
 
     def submit(
-        self, variables: Mapping[str, Any] | None = None, key: str | None = None
+        self,
+        variables: Mapping[str, Any] | None = None,
+        key: str | None = None,
+        *,
+        execution_cap: float | None = None,
     ) -> RunHandle:
-        return launcher().submit(self.name, dict(variables or {}), key=key)
+        """Trigger one run; ``execution_cap`` (seconds) overrides the template's for it."""
+        return launcher().submit(
+            self.name, dict(variables or {}), key=key, execution_cap=execution_cap
+        )
 
     def delay(self, **variables: Any) -> RunHandle:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
@@ -232,7 +254,14 @@ class Template:
 class Launcher(Protocol):
     """What a template needs from the layer that triggers runs (installed by ``dtask``)."""
 
-    def submit(self, template: str, variables: dict[str, Any], *, key: str | None) -> RunHandle: ...
+    def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        execution_cap: float | None = None,
+    ) -> RunHandle: ...
 
     def schedule(
         self,
@@ -311,6 +340,7 @@ def template(
     queue: str | None = None,
     checkpoint_interval: float | None = None,
     checkpoint_every: int | None = None,
+    execution_cap: float | None = None,
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README)."""
 
@@ -327,6 +357,7 @@ def template(
                     queue=queue,
                     checkpoint_interval=checkpoint_interval,
                     checkpoint_every=checkpoint_every,
+                    execution_cap=execution_cap,
                 ),
             )
         )

@@ -88,6 +88,19 @@ def store() -> Store:
     )
 
 
+def import_database_driver() -> None:
+    """Create this process's engines without connecting: SQLAlchemy imports its PostgreSQL
+    dialect (and psycopg) on the first ``create_engine``. A worker's main process must do this
+    in its main thread before it forks pool processes: a pool process forked while the reaper
+    thread was inside that first import inherits the module's import lock held by a thread it
+    does not have, and its first task waits on it for ever (seen with autoscale growing the
+    pool and with a replaced pool process, right after the worker started)."""
+    url = database_url()
+    engine_for(url)
+    engine_for(url, owner=True)
+    engine_for(url, durable=False, owner=True)
+
+
 def load_templates(config: Settings | None = None) -> None:
     """Import the sample templates and every module named in DTASK_TEMPLATES (once)."""
     global _loaded_templates

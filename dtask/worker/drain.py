@@ -8,7 +8,12 @@ the main process only or the whole process group (as container runtimes send it)
 A draining child stops at its next step (``ctx.should_stop()``; ``ctx.resume`` between items),
 commits its checkpoint, releases its lease and re-sends itself, so another worker resumes it
 right away. A child that ignores the request is released from its last committed checkpoint
-when ``DTASK_DRAIN_GRACE`` runs out and its process exits.
+when ``DTASK_DRAIN_GRACE`` runs out and its process exits. A pool process that gets SIGTERM
+leaves as soon as it has no child to hand over, as billiard's own handler makes it: at once
+when idle (autoscale shrinking the pool), right after the hand-over when busy (its message,
+already re-sent, may come back once more: the claim drops the duplicate). It never stays to
+take and bounce further work, and after ``revoke(terminate=True)`` (billiard then counts any
+job the process holds when it exits as terminated) it holds no other job.
 """
 
 from __future__ import annotations
@@ -41,16 +46,29 @@ def running(give_up: Callable[[], None] | None) -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    with _lock:
+        give_up = _give_up
+    if give_up is None:  # no child here to hand over: leave now (autoscale shrink, a drain)
+        leave()
+        return
     if DRAINING.is_set():
         return
     DRAINING.set()
-    with _lock:
-        give_up = _give_up
-    if give_up is not None:
-        grace = _grace()
-        timer = threading.Timer(grace, _after_grace, args=(give_up,))
-        timer.daemon = True
-        timer.start()
+    timer = threading.Timer(_grace(), _after_grace, args=(give_up,))
+    timer.daemon = True
+    timer.start()
+
+
+def leave() -> None:
+    """End this pool process as billiard's own SIGTERM handler does: the pool starts another
+    one, and a task in progress counts as lost with its process, so Celery requeues its
+    message (``task_reject_on_worker_lost``). Returns only where nothing was armed."""
+    previous = _billiards_handler
+    if callable(previous):
+        previous(signal.SIGTERM, None)
+    elif _armed:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _after_grace(give_up: Callable[[], None]) -> None:
@@ -69,6 +87,7 @@ def _grace() -> float:
 
 
 _armed = False
+_billiards_handler: Any = None
 
 
 def arm() -> None:
@@ -84,7 +103,8 @@ def arm() -> None:
     # Only in a prefork pool process: with -P solo this is the worker's main process, whose
     # SIGTERM handler is Celery's own shutdown.
     if current_process().name.startswith("ForkPoolWorker"):
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        global _billiards_handler
+        _billiards_handler = signal.signal(signal.SIGTERM, _on_sigterm)
         _armed = True
 
 

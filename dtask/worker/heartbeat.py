@@ -25,16 +25,33 @@ class Heartbeat:
     A database that cannot be reached is retried at the next beat: if it stays away past the
     lease, fencing still holds.
 
+    ``give_up`` runs on the heartbeat thread at the monotonic time ``give_up_at`` if the block
+    is still running (a child that ignored a request to stop, e.g. over its execution cap);
+    it normally ends the process (``runaway.kill_this_pool_process``). No renewal follows it.
+
     One thread per process does the beating: starting and joining a thread per child costs
     more than a short child itself.
     """
 
-    def __init__(self, renew: Callable[[], RunState | None], interval: float, name: str) -> None:
+    def __init__(
+        self,
+        renew: Callable[[], RunState | None],
+        interval: float,
+        name: str,
+        *,
+        give_up_at: float = math.inf,
+        give_up: Callable[[], None] | None = None,
+    ) -> None:
         self._renew = renew
         self.interval = interval
         self.name = name
+        self.give_up_at = give_up_at if give_up is not None else math.inf
+        self._give_up = give_up
         self.lost = threading.Event()
         self.stop_requested = threading.Event()
+
+    def next_due(self) -> float:
+        return min(time.monotonic() + self.interval, self.give_up_at)
 
     def __enter__(self) -> Heartbeat:
         _beater().add(self)
@@ -50,6 +67,9 @@ class Heartbeat:
 
     def beat(self) -> bool:
         """Renew once; False when there is nothing more to renew (the child was lost)."""
+        if self._give_up is not None and time.monotonic() >= self.give_up_at:
+            self._give_up()
+            return False
         try:
             state = self._renew()
         except DtaskError as exc:
@@ -76,7 +96,7 @@ class _Beater:
 
     def add(self, beat: Heartbeat) -> None:
         with self._changed:
-            due = self._due[beat] = time.monotonic() + beat.interval
+            due = self._due[beat] = beat.next_due()
             if due < self._wake_at:  # else the thread wakes in time anyway: no switch per child
                 self._changed.notify()
 
@@ -99,7 +119,7 @@ class _Beater:
                 self._beating = None
                 if beat in self._due:
                     if keep:
-                        self._due[beat] = time.monotonic() + beat.interval
+                        self._due[beat] = beat.next_due()
                     else:
                         del self._due[beat]
                 self._changed.notify_all()

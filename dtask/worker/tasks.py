@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from celery import Task
 from celery.exceptions import Ignore
@@ -28,11 +29,12 @@ from dtask.exceptions import (
     ChildStopped,
     DatabaseUnavailable,
     DtaskError,
+    ExecutionCapExceeded,
     LeaseLost,
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import drain
+from dtask.worker import drain, runaway
 from dtask.worker.app import app
 from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
 from dtask.worker.heartbeat import Heartbeat
@@ -46,6 +48,31 @@ def _backoff(retries: int) -> float:
 
 
 T = TypeVar("T")
+
+
+class ChildWrites(Protocol):
+    """What a claimed child's lifecycle writes: ``dtask.db.children.ChildStore`` (each write
+    fenced), or a fake of it in unit tests."""
+
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None: ...
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None: ...
+    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None: ...
+    def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
+    def fail_attempt(self, claim: Claim, error: str) -> ChildState: ...
+    def error(self, run_id: int, index: int) -> str | None: ...
+
+
+class RunReads(Protocol):
+    def get(self, run_id: int) -> RunRecord: ...
+
+
+class LifecycleStore(Protocol):
+    """The part of ``Store`` the child lifecycle uses."""
+
+    @property
+    def children(self) -> ChildWrites: ...
+    @property
+    def runs(self) -> RunReads: ...
 
 
 def owner_name() -> str:
@@ -120,7 +147,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     drain.arm()
     try:
         store = services.store()
-        if drain.DRAINING.is_set():  # this worker is stopping: let another one take it
+        if drain.DRAINING.is_set():  # stopping: let another process take it
             _hand_over(store, run_id, index, template, spec)
             raise Ignore()
         if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
@@ -137,7 +164,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         if isinstance(taken, Refusal):
             _refused(run_id, index, taken)
             return None
-        _run_claimed(self, store, taken, run_id, index, template, spec)
+        _run_claimed(self, store, taken, run_id, index, template, spec, config)
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
@@ -146,10 +173,15 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         # claim resumes from the last committed checkpoint. Not counted by the chord.
         log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
         raise self.retry(countdown=config.lease_ttl, max_retries=None) from None
+    finally:
+        if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
+            drain.leave()
     return None
 
 
-def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
+def _hand_over(
+    store: LifecycleStore, run_id: int, index: int, template: str, spec: dict[str, Any]
+) -> None:
     """Re-send a child this worker let go of, ahead of first-time children."""
     run = store.runs.get(run_id)
     if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
@@ -158,18 +190,25 @@ def _hand_over(store: Store, run_id: int, index: int, template: str, spec: dict[
 
 def _run_claimed(
     task: Task,
-    store: Store,
+    store: LifecycleStore,
     claim: Claim,
     run_id: int,
     index: int,
     template: str,
     spec: dict[str, Any],
+    config: Settings,
 ) -> None:
-    config = services.current().settings
+    tpl = registry.get(template)
+    cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
     beat = Heartbeat(
         lambda: store.children.renew_lease(claim, config.lease_ttl),
         config.heartbeat_interval,
         name=f"{run_id}.{index}",
+        give_up_at=cap.deadline + config.execution_cap_grace,
+        give_up=lambda: runaway.kill_this_pool_process(
+            cap.killed(config.execution_cap_grace),
+            lambda: store.children.fail_attempt(claim, cap.killed(config.execution_cap_grace)),
+        ),
     )
 
     def release_and_hand_over() -> None:
@@ -180,7 +219,6 @@ def _run_claimed(
     drain.running(release_and_hand_over)
     try:
         with beat:
-            tpl = registry.get(template)
             ctx = ChildContext(
                 run_id=run_id,
                 index=index,
@@ -193,7 +231,9 @@ def _run_claimed(
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
                 lease_lost=beat.lost.is_set,
-                stop_requested=lambda: beat.stop_requested.is_set() or drain.DRAINING.is_set(),
+                stop_requested=lambda: (
+                    beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
+                ),
             )
             tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
@@ -204,9 +244,15 @@ def _run_claimed(
     except (LeaseLost, DatabaseUnavailable):
         raise
     except ChildStopped:
+        if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
+            reprs = readable(template, run_id, index, spec)
+            failure = ExecutionCapExceeded(cap.message())
+            _attempt_failed(task, store, claim, run_id, index, failure, config.retry_delay, reprs)
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
-        if not beat.stop_requested.is_set():  # drained, not cancelled: resume elsewhere now
-            _hand_over(store, run_id, index, template, spec)
+        # Always, also after a cancel: a rerun may have made the run active again meanwhile,
+        # and its message for this child was dropped as a duplicate while we held the lease.
+        # _hand_over re-sends only while the run is active.
+        _hand_over(store, run_id, index, template, spec)
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
@@ -214,6 +260,24 @@ def _run_claimed(
         _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay, reprs)
     finally:
         drain.running(None)
+
+
+class _Cap:
+    """An attempt's execution cap, counted from when this worker started the attempt."""
+
+    def __init__(self, seconds: float | None, run_id: int, index: int, attempt: int) -> None:
+        self.seconds = seconds
+        self.deadline = math.inf if seconds is None else time.monotonic() + seconds
+        self._what = f"run {run_id} child {index} attempt {attempt}"
+
+    def exceeded(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def message(self) -> str:
+        return f"{self._what} exceeded its execution cap of {self.seconds:g} s"
+
+    def killed(self, grace: float) -> str:
+        return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"
 
 
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:
@@ -229,7 +293,7 @@ def _refused(run_id: int, index: int, refusal: Refusal) -> None:
 
 def _attempt_failed(
     task: Task,
-    store: Store,
+    store: LifecycleStore,
     claim: Claim,
     run_id: int,
     index: int,

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 from sqlalchemy import text
 
+import dtask
 from dtask import services
 from tests.conftest import DTASK, REPO
 
@@ -32,6 +33,18 @@ def run_count() -> int:
         ),
         (["submit", "print_range", "-v", "n"], "-v expects NAME=VALUE"),
         (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
+        (
+            ["submit", "print_range", "-v", "n=5", "--execution-cap", "0"],
+            "execution cap must be > 0 seconds, got 0.0",
+        ),
+        (
+            ["submit", "print_range", "-v", "n=5", "--execution-cap", "-3"],
+            "execution cap must be > 0 seconds, got -3.0",
+        ),
+        (
+            ["submit", "print_range", "-v", "n=5", "--execution-cap", "soon"],
+            "--execution-cap expects a number of seconds, got 'soon'",
+        ),
         (["status", "987654"], "no run with id 987654"),
         (["status", "abc"], "invalid int value"),
         (["frobnicate"], "invalid choice"),
@@ -47,6 +60,22 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert run_count() == before
+
+
+def test_a_bad_execution_cap_from_python_creates_nothing(dtask_env: dict[str, str]) -> None:
+    before = run_count()
+    for bad in (0, -1, "5", None.__class__):
+        with pytest.raises(dtask.InvalidExecutionCap, match="run of template 'print_range'"):
+            dtask.submit("print_range", {"n": 5}, execution_cap=bad)  # type: ignore[arg-type]
+        with pytest.raises(dtask.InvalidExecutionCap, match="run of template 'print_range'"):
+            dtask.registry.get("print_range").submit({"n": 5}, execution_cap=bad)  # type: ignore[arg-type]
+    assert run_count() == before
+    run = dtask.registry.get("print_range").submit({"n": 5}, execution_cap=7.5)
+    with services.store().engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT execution_cap FROM dtask_runs WHERE id = :id"), {"id": run.id}
+        ).scalar_one()
+    assert stored == 7.5  # the run's own cap, read by the claim
 
 
 def test_a_too_large_split_is_also_configurable(dtask_env: dict[str, str]) -> None:

@@ -187,3 +187,42 @@ def long_split(ctx: dtask.ChildContext, a: int, b: int) -> None:
     with _sink(ctx).open("a") as out:
         for i in ctx.resume(range(a, b + 1)):
             out.write(f"{i}\n")
+
+
+def _hang(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str) -> None:
+    """Works up to ``hang_at``, then hangs on every attempt: ``cooperative`` keeps calling
+    ctx.checkpoint without progress, ``blocking`` sleeps without ever calling ctx."""
+    import time
+
+    done = (ctx.checkpoint_state or {"done": 0})["done"]
+    with _sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt} from {done} pid {os.getpid()}\n")
+        out.flush()
+        for i in ctx.resume(range(a, b + 1), checkpoint_every=1):
+            if i == hang_at:
+                while how == "cooperative":
+                    time.sleep(0.05)
+                    ctx.checkpoint(ctx.checkpoint_state)
+                time.sleep(3600)
+            out.write(f"{i}\n")
+            out.flush()
+
+
+_HANG = {
+    "params": {"n": int, "hang_at": int, "how": str},
+    "skeleton": {"start": 1, "end": "${n}", "hang_at": "${hang_at}", "how": "${how}"},
+    "split": dtask.RangeSplit("start", "end", chunk=100, carry=("hang_at", "how")),
+    "max_attempts": 2,
+}
+
+
+@dtask.template("hangs", **_HANG)  # type: ignore[arg-type]
+def hangs(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str) -> None:
+    """No execution cap of its own: a run sets one (--execution-cap)."""
+    _hang(ctx, a, b, hang_at, how)
+
+
+@dtask.template("hangs_capped", execution_cap=2, **_HANG)  # type: ignore[arg-type]
+def hangs_capped(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str) -> None:
+    """The template's own execution cap: 2 s per attempt."""
+    _hang(ctx, a, b, hang_at, how)

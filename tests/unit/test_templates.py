@@ -5,7 +5,15 @@ from typing import Any
 import pytest
 
 import dtask
-from dtask.domain.templates import Param, Registry, Template, placeholders, render
+from dtask.domain.templates import (
+    Param,
+    Registry,
+    Template,
+    TemplateOptions,
+    check_execution_cap,
+    placeholders,
+    render,
+)
 
 
 def _noop(ctx: dtask.ChildContext, **spec: Any) -> None:
@@ -109,6 +117,32 @@ def test_definition_errors_are_caught_at_registration() -> None:
         Param(list)
     with pytest.raises(dtask.TemplateDefinitionError, match="not JSON"):
         make(params={}, skeleton={"x": object()})
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (0, "must be > 0 seconds, got 0"),
+        (-1.5, "must be > 0 seconds, got -1.5"),
+        (float("nan"), "must be > 0 seconds, got nan"),
+        (float("inf"), "must be > 0 seconds, got inf"),
+        ("5", "execution cap '5' is not a number of seconds"),
+        (True, "execution cap True is not a number of seconds"),
+        ([1], "execution cap [1] is not a number of seconds"),
+    ],
+)
+def test_a_bad_execution_cap_is_refused_naming_where(value: Any, error: str) -> None:
+    with pytest.raises(dtask.InvalidExecutionCap, match=r"^here: .*" + error.replace("[", r"\[")):
+        check_execution_cap(value, "here")
+    with pytest.raises(dtask.InvalidExecutionCap, match="template 't'"):
+        make(options=TemplateOptions(execution_cap=value))
+
+
+def test_an_execution_cap_is_seconds_or_none() -> None:
+    assert check_execution_cap(None, "x") is None
+    assert check_execution_cap(2, "x") == 2.0
+    assert check_execution_cap(0.25, "x") == 0.25
+    assert make(options=TemplateOptions(execution_cap=3)).options.execution_cap == 3
 
 
 def test_plan_renders_and_splits() -> None:

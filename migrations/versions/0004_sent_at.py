@@ -1,13 +1,13 @@
 """when each child's message and each stuck run's master were last sent (lost messages)
 
-Revision ID: 0004_lost
+Revision ID: 0004
 Revises: 0003
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_lost"
+revision = "0004"
 down_revision = "0003"
 branch_labels = None
 depends_on = None

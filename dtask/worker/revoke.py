@@ -1,0 +1,47 @@
+"""What Celery's ``revoke`` means for dtask's tasks (the worker's main process sees it).
+
+Revoking a child's task id (``app.control.revoke(id)``, with or without ``terminate=True``) is
+the user asking that child to stop for good: the child is ``failed`` with an error that says
+so, whatever owner or fence it has, and the run fails once its other children have finished.
+Without this a revoked child kept its row unfinished while every re-sent copy of its message
+was discarded as revoked: the run stayed ``running`` for ever. Revoking a master's task id
+cancels its run. Revoking ``finalize`` changes nothing: the reaper finalizes a run whose
+callback never ran.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import task_revoked
+
+from dtask import services
+from dtask.worker.dispatch import CHILD, MASTER
+
+log = logging.getLogger("dtask.worker")
+
+
+def _on_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    name = getattr(sender, "name", None)
+    args = list(getattr(request, "args", None) or ())
+    try:
+        if name == CHILD and len(args) >= 2:
+            run_id, index = int(args[0]), int(args[1])
+            how = "revoked and terminated" if terminated else "revoked"
+            error = f"run {run_id} child {index} was {how} through Celery (task {request.id})"
+            store = services.store()
+            if store.children.revoke(run_id, index, error):
+                log.warning("%s: the child failed", error)
+            store.runs.finalize(run_id, wait=False)
+        elif name == MASTER and args:
+            run_id = int(args[0])
+            log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)
+            services.store().runs.cancel(run_id)
+    except Exception:  # a revoke must never break the worker's consumer
+        log.exception("handling the revoke of %s %s failed", name, getattr(request, "id", "?"))
+
+
+task_revoked.connect(_on_revoked, weak=False)

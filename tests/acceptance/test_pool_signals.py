@@ -1,0 +1,142 @@
+"""SIGTERM to a pool process, ``revoke(terminate=True)`` and autoscale shrinking the pool
+(issue 15, hole 6): each ends in a final state and no pool process keeps bouncing work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import dtask
+from dtask import services
+from dtask.worker import configure
+from dtask.worker.app import app
+from tests.acceptance.test_faults import FAST, running_with_checkpoint
+from tests.conftest import WorkerProcess
+from tests.support.db import children, wait_for
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **env: str) -> WorkerProcess:
+        worker = WorkerProcess({**dtask_env, **FAST, **env}, tmp_path / "w.log", *args)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def pool(worker: WorkerProcess) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(worker.proc.pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def succeeded_once_each(run: dtask.Run, timeout: float) -> list[tuple[int, str, int]]:
+    status = run.wait(timeout=timeout)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    rows = children(run.id)
+    assert rows == [(i, "succeeded", 1) for i in range(len(rows))]
+    return rows
+
+
+def test_an_idle_pool_process_that_ran_a_child_leaves_on_sigterm(start_worker: object) -> None:
+    worker: WorkerProcess = start_worker("-c", "1")  # type: ignore[operator]
+    succeeded_once_each(dtask.submit("slow_range", {"n": 20, "delay": 0}), 60)  # arms its handler
+    [old] = pool(worker)
+
+    psutil.Process(old).terminate()  # SIGTERM, as autoscale's shrink or an operator sends it
+    wait_for(lambda: not psutil.pid_exists(old) or psutil.Process(old).status() == "zombie",
+             20, "the pool process to leave")  # fmt: skip
+    new = wait_for(lambda: [p for p in pool(worker) if p != old], 30, "a new pool process")
+    print(f"\npool process {old} left on SIGTERM; the pool started {new}")
+
+    succeeded_once_each(dtask.submit("slow_range", {"n": 60, "delay": 0}), 60)
+    assert worker.proc.poll() is None
+
+
+def test_revoke_with_terminate_fails_the_child_and_the_run(start_worker: object) -> None:
+    worker: WorkerProcess = start_worker("-c", "2")  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 60, "delay": 0.1})  # 3 children of 2 s
+    wait_for(lambda: running_with_checkpoint(run.id, 0, 5), 30, "child 0 to checkpoint")
+    group = services.store().runs.get(run.id).group_id
+    configure()
+    app.control.revoke(f"{group}.0", terminate=True)
+
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.FAILED
+    assert status.error is not None and "was revoked and terminated through Celery" in status.error
+    assert children(run.id)[0][:2] == (0, "failed")
+    assert [c[1] for c in children(run.id)[1:]] == ["succeeded", "succeeded"]
+
+    succeeded_once_each(dtask.submit("slow_range", {"n": 40, "delay": 0}), 60)
+    assert worker.proc.poll() is None
+
+
+def test_revoke_of_a_waiting_child_fails_it_when_its_message_arrives(start_worker: object) -> None:
+    start_worker("-c", "1")  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 40, "delay": 0.15})  # 2 children of 3 s, one at a time
+    wait_for(lambda: running_with_checkpoint(run.id, 0, 5), 30, "child 0 to checkpoint")
+    group = services.store().runs.get(run.id).group_id
+    configure()
+    app.control.revoke(f"{group}.1")  # still in the broker: discarded when it is delivered
+
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.FAILED
+    assert status.error is not None and "child 1 was revoked through Celery" in status.error
+    assert [c[:2] for c in children(run.id)] == [(0, "succeeded"), (1, "failed")]
+
+
+def test_autoscale_grows_and_shrinks_the_pool_while_runs_go_on_and_loses_nothing(
+    start_worker: object,
+) -> None:
+    worker: WorkerProcess = start_worker(  # type: ignore[operator]
+        "--autoscale", "4,1", AUTOSCALE_KEEPALIVE="1"
+    )
+    sizes: list[tuple[float, int]] = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def sample() -> None:
+        while not stop.is_set():
+            alive = [p for p in pool(worker) if psutil.Process(p).status() != "zombie"]
+            sizes.append((time.monotonic() - t0, len(alive)))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        long_run = dtask.submit("slow_range", {"n": 20, "delay": 2.5})  # 1 child of 50 s
+        burst = dtask.submit("slow_range", {"n": 240, "delay": 0.05})  # 12 children of 1 s
+        succeeded_once_each(burst, 90)
+        grown = max(n for _, n in sizes)
+        burst_done = time.monotonic() - t0
+        wait_for(lambda: sizes[-1][1] <= 2, 30, "the pool to shrink while a run goes on")
+        shrunk_at, shrunk_to = sizes[-1]
+        assert long_run.status().state is dtask.RunState.RUNNING  # shrunk while runs go on
+        second = dtask.submit("slow_range", {"n": 120, "delay": 0.05})  # 6 children of 1 s
+        succeeded_once_each(second, 90)
+        succeeded_once_each(long_run, 120)
+    finally:
+        stop.set()
+        sampler.join(5)
+    regrown = max(n for t, n in sizes if t > shrunk_at)
+    print(
+        f"\nautoscale 4,1: pool grew to {grown} during a 12-child burst (done at"
+        f" {burst_done:.1f} s), shrank to {shrunk_to} at {shrunk_at:.1f} s while a 50 s child"
+        f" ran, grew again to {regrown} for a 6-child run; every child succeeded on attempt 1"
+    )
+    assert grown >= 3
+    assert regrown >= 2
