@@ -22,19 +22,45 @@ class Heartbeat:
     ``renew`` returns the run's state, or None when the renewal is refused (the fence moved:
     another worker took the child over); then ``lost`` is set and the child's context stops it
     at its next step. ``stop_requested`` is set when the run is no longer running (cancelled).
-    A database that cannot be reached is retried at the next beat: if it stays away past the
-    lease, fencing still holds.
+    A database that cannot be reached is retried at the next beat; once ``lease`` seconds have
+    passed since the last renewal known to have succeeded was sent, the lease is ``expired``:
+    another worker may own the child, and ``lease_lost`` tells the child to stop. That is
+    judged by this process's clock, not by a renewal that may hang on a dead link.
 
     One thread per process does the beating: starting and joining a thread per child costs
     more than a short child itself.
     """
 
-    def __init__(self, renew: Callable[[], RunState | None], interval: float, name: str) -> None:
+    def __init__(
+        self,
+        renew: Callable[[], RunState | None],
+        interval: float,
+        name: str,
+        lease: float = math.inf,
+        since: float | None = None,
+    ) -> None:
         self._renew = renew
         self.interval = interval
         self.name = name
         self.lost = threading.Event()
         self.stop_requested = threading.Event()
+        self.lease = lease
+        self.renewed_at = time.monotonic() if since is None else since
+        self.last_error: str | None = None
+
+    def renewed(self, sent_at: float) -> None:
+        """A write that renews the lease (a checkpoint), sent at ``sent_at``, succeeded."""
+        self.renewed_at = max(self.renewed_at, sent_at)
+
+    def unrenewed_for(self) -> float:
+        return time.monotonic() - self.renewed_at
+
+    def expired(self) -> bool:
+        return self.unrenewed_for() > self.lease
+
+    def lease_lost(self) -> bool:
+        """Stop the child: taken over, or its lease ran out with no renewal we know of."""
+        return self.lost.is_set() or self.expired()
 
     def __enter__(self) -> Heartbeat:
         _beater().add(self)
@@ -50,14 +76,17 @@ class Heartbeat:
 
     def beat(self) -> bool:
         """Renew once; False when there is nothing more to renew (the child was lost)."""
+        sent_at = time.monotonic()
         try:
             state = self._renew()
         except DtaskError as exc:
+            self.last_error = str(exc)
             log.warning("heartbeat of %s failed, retrying: %s", self.name, exc)
             return True
         if state is None:
             self.lost.set()
             return False
+        self.renewed(sent_at)
         if state is not RunState.RUNNING and state is not RunState.SPLITTING:
             self.stop_requested.set()
         return True
@@ -81,11 +110,12 @@ class _Beater:
                 self._changed.notify()
 
     def remove(self, beat: Heartbeat) -> None:
-        """Stop renewing ``beat``; returns once no renewal of it is in flight."""
+        """Stop renewing ``beat``; returns once no renewal of it is in flight, unless its lease
+        is lost (a renewal hung on a dead link must not hold the process back from new work)."""
         with self._changed:
             self._due.pop(beat, None)
-            while self._beating is beat:
-                self._changed.wait()
+            while self._beating is beat and not beat.lease_lost():
+                self._changed.wait(beat.interval)
 
     def _loop(self) -> None:
         while True:
