@@ -172,3 +172,22 @@ def _split_with_a_bug(rendered: dict[str, int]) -> list[dict[str, int]]:
 @dtask.template("broken_split", params={"n": int}, skeleton={"n": "${n}"}, split=_split_with_a_bug)
 def broken_split(ctx: dtask.ChildContext, a: int) -> None:
     """Its split raises KeyError: user code with a bug."""
+
+
+@dtask.template(
+    "stamped_range",
+    params={"n": int, "delay": float, "every": int},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "every": "${every}"},
+    split=dtask.RangeSplit("start", "end", chunk=200, carry=("delay", "every")),
+    checkpoint_interval=3600,
+)
+def stamped_range(ctx: dtask.ChildContext, a: int, b: int, delay: float, every: int) -> None:
+    """Each item as `item pid unix-time`: who printed it and when (partition tests).
+    Checkpoints every ``every`` items only, so between them nothing but the lease stops it."""
+    import time
+
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1), checkpoint_every=every):
+            time.sleep(delay)
+            out.write(f"{i} {os.getpid()} {time.time():.3f}\n")
+            out.flush()
