@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     checkpoint_interval: float = Field(1.0, ge=0.0)
     checkpoint_every: int = Field(10_000, ge=1)
     retry_delay: float = Field(1.0, ge=0.0)
+    network_timeout: float = Field(8.0, ge=1.0)
+    db_statement_timeout: float = Field(60.0, ge=0.0)
+    db_lock_timeout: float = Field(30.0, ge=0.0)
+    db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0)
     flower_auth: SecretStr | None = None
 
     @field_validator("home")
@@ -158,6 +162,16 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
     "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
     "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
+    "DTASK_NETWORK_TIMEOUT": (
+        "8",
+        "seconds a silent PostgreSQL or broker connection is given before it is dropped",
+    ),
+    "DTASK_DB_STATEMENT_TIMEOUT": ("60", "seconds a PostgreSQL statement may run (0 = no limit)"),
+    "DTASK_DB_LOCK_TIMEOUT": ("30", "seconds a statement may wait for a lock (0 = no limit)"),
+    "DTASK_DB_IDLE_IN_TRANSACTION_TIMEOUT": (
+        "60",
+        "seconds a transaction may sit idle before PostgreSQL ends it (0 = no limit)",
+    ),
     "DTASK_FLOWER_AUTH": ("", "user:password for Flower; required beyond loopback"),
 }
 

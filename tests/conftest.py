@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -57,11 +57,17 @@ class DtaskProcess:
 
     ready_marker = ""
 
-    def __init__(self, env: dict[str, str], log: Path, *argv: str) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, *argv: str, prefix: Sequence[str] = ()
+    ) -> None:
         self.log = log
         self._out = log.open("wb")
         self.proc = subprocess.Popen(
-            [DTASK, *argv],
+            [
+                *prefix,
+                DTASK,
+                *argv,
+            ],  # a prefix that execs its command (ip netns exec) keeps the pid
             env=env,
             cwd=REPO,
             stdout=self._out,
@@ -101,8 +107,12 @@ class DtaskProcess:
 class WorkerProcess(DtaskProcess):
     ready_marker = " ready."
 
-    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
-        super().__init__(env, log, "worker", "--without-mingle", "--without-gossip", *args)
+    def __init__(
+        self, env: dict[str, str], log: Path, *args: str, prefix: Sequence[str] = ()
+    ) -> None:
+        super().__init__(
+            env, log, "worker", "--without-mingle", "--without-gossip", *args, prefix=prefix
+        )
 
 
 class BeatProcess(DtaskProcess):

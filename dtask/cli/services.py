@@ -50,9 +50,9 @@ def register(sub: Any) -> None:
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from dtask import services
-    from dtask.db import engine_for, schema
+    from dtask.db import Limits, engine_for, schema
 
-    engine = engine_for(services.database_url())
+    engine = engine_for(services.database_url(), limits=Limits.of(services.current().settings))
     schema.upgrade(engine)
     print(f"database at revision {schema.current_revision(engine)}")
     return EXIT_OK

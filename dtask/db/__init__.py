@@ -2,7 +2,7 @@
 
 from dtask.db.children import ChildView, Claim, Refusal
 from dtask.db.database import Database
-from dtask.db.engine import engine_for
+from dtask.db.engine import Limits, engine_for
 from dtask.db.recovery import Redispatch, Waiting
 from dtask.db.runs import NewRun, RunRecord
 from dtask.db.store import Store
@@ -11,6 +11,7 @@ __all__ = [
     "ChildView",
     "Claim",
     "Database",
+    "Limits",
     "NewRun",
     "Redispatch",
     "Refusal",

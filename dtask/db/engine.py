@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -12,13 +14,61 @@ from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from dtask.exceptions import DatabaseUnavailable
+from dtask.settings import Settings
 
-_engines: dict[tuple[int, str, bool, bool], Engine] = {}
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounded waits for every connection, so no call hangs on a link that drops packets
+    silently or on a lock nobody releases. Connection options only: no round trip is added.
+
+    ``network_timeout``: a connection whose sent data stays unacknowledged this long, or whose
+    idle peer stops answering keepalive probes for this long, is dropped by the kernel
+    (``tcp_user_timeout`` and TCP keepalives); it also bounds connecting. The others are
+    PostgreSQL's own timeouts in seconds (0 = none)."""
+
+    network_timeout: float = 8.0
+    statement_timeout: float = 60.0
+    lock_timeout: float = 30.0
+    idle_in_transaction_timeout: float = 60.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(
+            network_timeout=settings.network_timeout,
+            statement_timeout=settings.db_statement_timeout,
+            lock_timeout=settings.db_lock_timeout,
+            idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
+        )
+
+    def connect_args(self) -> dict[str, Any]:
+        net = self.network_timeout
+        return {
+            "connect_timeout": max(2, math.ceil(net)),  # libpq counts whole seconds, from 2
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(net / 2)),
+            "keepalives_interval": max(1, int(net / 4)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(net * 1000),
+        }
+
+    def options(self) -> list[str]:
+        timeouts = {
+            "statement_timeout": self.statement_timeout,
+            "lock_timeout": self.lock_timeout,
+            "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout,
+        }
+        return [f"-c {name}={int(seconds * 1000)}" for name, seconds in timeouts.items()]
+
+
+_engines: dict[tuple[int, str, bool, bool, Limits], Engine] = {}
 _lock = threading.Lock()
 
 
-def engine_for(url: str, durable: bool = True, owner: bool = False) -> Engine:
-    """The process's engine for ``url``.
+def engine_for(
+    url: str, durable: bool = True, owner: bool = False, limits: Limits = Limits()
+) -> Engine:
+    """The process's engine for ``url``, its connections bounded by ``limits``.
 
     ``owner=True`` is for a child owner's own single-statement writes, the statements every
     child runs: autocommit, and connections pinged only after sitting idle (the callers retry a
@@ -26,20 +76,22 @@ def engine_for(url: str, durable: bool = True, owner: bool = False) -> Engine:
     commit without waiting for the WAL flush (heartbeats, finish, release: losing one in a
     crash is safe, the fence and the lease see to it). Everything else pings on every checkout
     (pool_pre_ping), so a PostgreSQL restart never fails a client's read or a run transition."""
-    key = (os.getpid(), url, durable, owner)
+    key = (os.getpid(), url, durable, owner, limits)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
             connect_args: dict[str, Any] = {
-                "connect_timeout": 5,
+                **limits.connect_args(),
                 # the pid lets operators (and fault tests) map a backend to its process
                 "application_name": f"dtask:{os.getpid()}",
             }
+            server_options = limits.options()
             options: dict[str, Any] = {}
             if owner:
                 options["isolation_level"] = "AUTOCOMMIT"  # single-statement writes only
                 if not durable:
-                    connect_args["options"] = "-c synchronous_commit=off"
+                    server_options.append("-c synchronous_commit=off")
+            connect_args["options"] = " ".join(server_options)
             engine = create_engine(
                 url,
                 pool_pre_ping=not owner,

@@ -40,6 +40,11 @@ def upgrade(engine: Engine) -> None:
 
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     with _upgrading, engine.begin() as conn:  # alembic's context is process-global
+        # A migration may rewrite a big table, or wait for another process's migration: the
+        # runtime statement and lock limits do not apply (the network limit still does).
+        conn.execute(text("SET LOCAL statement_timeout = 0"))
+        conn.execute(text("SET LOCAL lock_timeout = 0"))
+        conn.execute(text("SET LOCAL idle_in_transaction_session_timeout = 0"))
         config.attributes["connection"] = conn  # type: ignore[attr-defined]
         command.upgrade(config, "head")  # type: ignore[arg-type]
 

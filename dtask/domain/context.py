@@ -54,8 +54,11 @@ class ChildContext:
         return self._state
 
     def checkpoint(self, state: Any) -> None:
-        """Commit ``state`` (JSON). Raises LeaseLost if another worker has taken this child,
-        and ChildStopped (after committing) if the child is asked to stop."""
+        """Commit ``state`` (JSON). Raises LeaseLost if another worker has taken this child
+        (or may have: its lease ran out while this worker could not renew it), and
+        ChildStopped (after committing) if the child is asked to stop."""
+        if self._lease_lost():
+            raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
         self._writer(state)
         self._state = state
         self._unsaved = None

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 
 from dtask import settings as settings_module
-from dtask.db import Database, Store, engine_for, schema
+from dtask.db import Database, Limits, Store, engine_for, schema
 from dtask.exceptions import ConfigurationError
 from dtask.services import embedded
 from dtask.settings import Settings
@@ -74,16 +74,18 @@ def database_url() -> str:
 
 
 def store() -> Store:
-    url = database_url()
-    engine = engine_for(url)
+    resolved = current()
+    url = resolved.database_url
+    limits = Limits.of(resolved.settings)
+    engine = engine_for(url, limits=limits)
     if url not in _migrated:
         schema.ensure(engine)
         _migrated.add(url)
     return Store(
         Database(
             engine,
-            owner_engine=engine_for(url, owner=True),
-            owner_async_engine=engine_for(url, durable=False, owner=True),
+            owner_engine=engine_for(url, owner=True, limits=limits),
+            owner_async_engine=engine_for(url, durable=False, owner=True, limits=limits),
         )
     )
 

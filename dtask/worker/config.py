@@ -2,15 +2,55 @@
 
 from __future__ import annotations
 
+import math
+import socket
 from typing import Any
 
 from dtask.services import broker_urls
-from dtask.settings import Settings
+from dtask.settings import Settings, is_redis
 
 DEFAULT_QUEUE = "dtask"
 # Redis redelivers an unacked message only after this; dtask's own leases handle failover,
 # so it only has to exceed the longest child run (a redelivered duplicate is harmless anyway).
 VISIBILITY_TIMEOUT = 12 * 3600
+
+
+def _keepalive_options(timeout: float) -> dict[int, int]:
+    """TCP options of a Redis connection: probe an idle peer, drop it after ``timeout``."""
+    options = {
+        socket.TCP_KEEPIDLE: max(1, int(timeout / 2)),
+        socket.TCP_KEEPINTVL: max(1, int(timeout / 4)),
+        socket.TCP_KEEPCNT: 3,
+    }
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: unacknowledged data also times out
+        options[socket.TCP_USER_TIMEOUT] = int(timeout * 1000)
+    return options
+
+
+def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]:
+    """Bounded waits on the broker and result backend, so a link that silently drops packets
+    fails a call (which Celery retries on a new connection) instead of hanging it. A blocking
+    Redis call gives up after ``network_timeout``; the worker's BRPOP, which no socket timeout
+    covers, is dropped when its reply is ``health_check_interval`` overdue (kombu 5.7); AMQP
+    connections exchange heartbeats, so both ends notice a dead peer within about two."""
+    timeout = config.network_timeout
+    redis_tcp = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "socket_keepalive": True,
+        "socket_keepalive_options": _keepalive_options(timeout),
+        "health_check_interval": max(1, math.ceil(timeout)),
+    }
+    broker_options = redis_tcp if is_redis(broker) else {}
+    return {
+        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT, **broker_options},
+        "broker_heartbeat": max(2, math.ceil(timeout / 2)),
+        "redis_socket_timeout": timeout,
+        "redis_socket_connect_timeout": timeout,
+        # redis-py's Unix socket connections take no keepalive (the embedded Redis's)
+        "redis_socket_keepalive": backend.startswith(("redis://", "rediss://")),
+        "redis_backend_health_check_interval": max(1, math.ceil(timeout)),
+    }
 
 
 def celery_settings(config: Settings) -> dict[str, Any]:
@@ -32,7 +72,6 @@ def celery_settings(config: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 4,
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT},
         "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT},
         "result_expires": 7 * 24 * 3600,
         "task_publish_retry_policy": {
@@ -43,4 +82,5 @@ def celery_settings(config: Settings) -> dict[str, Any]:
         },
         "worker_hijack_root_logger": True,
         "worker_redirect_stdouts": True,
+        **link_settings(config, broker, backend),
     }

@@ -22,8 +22,10 @@ class Heartbeat:
     ``renew`` returns the run's state, or None when the renewal is refused (the fence moved:
     another worker took the child over); then ``lost`` is set and the child's context stops it
     at its next step. ``stop_requested`` is set when the run is no longer running (cancelled).
-    A database that cannot be reached is retried at the next beat: if it stays away past the
-    lease, fencing still holds.
+    A database that cannot be reached is retried at the next beat; once ``lease`` seconds have
+    passed since the last renewal known to have succeeded was sent, the lease is ``expired``:
+    another worker may own the child, and ``lease_lost`` tells the child to stop. That is
+    judged by this process's clock, not by a renewal that may hang on a dead link.
 
     ``give_up`` runs on the heartbeat thread at the monotonic time ``give_up_at`` if the block
     is still running (a child that ignored a request to stop, e.g. over its execution cap);
@@ -41,6 +43,8 @@ class Heartbeat:
         *,
         give_up_at: float = math.inf,
         give_up: Callable[[], None] | None = None,
+        lease: float = math.inf,
+        since: float | None = None,
     ) -> None:
         self._renew = renew
         self.interval = interval
@@ -49,6 +53,23 @@ class Heartbeat:
         self._give_up = give_up
         self.lost = threading.Event()
         self.stop_requested = threading.Event()
+        self.lease = lease
+        self.renewed_at = time.monotonic() if since is None else since
+        self.last_error: str | None = None
+
+    def renewed(self, sent_at: float) -> None:
+        """A write that renews the lease (a checkpoint), sent at ``sent_at``, succeeded."""
+        self.renewed_at = max(self.renewed_at, sent_at)
+
+    def unrenewed_for(self) -> float:
+        return time.monotonic() - self.renewed_at
+
+    def expired(self) -> bool:
+        return self.unrenewed_for() > self.lease
+
+    def lease_lost(self) -> bool:
+        """Stop the child: taken over, or its lease ran out with no renewal we know of."""
+        return self.lost.is_set() or self.expired()
 
     def next_due(self) -> float:
         return min(time.monotonic() + self.interval, self.give_up_at)
@@ -70,14 +91,17 @@ class Heartbeat:
         if self._give_up is not None and time.monotonic() >= self.give_up_at:
             self._give_up()
             return False
+        sent_at = time.monotonic()
         try:
             state = self._renew()
         except DtaskError as exc:
+            self.last_error = str(exc)
             log.warning("heartbeat of %s failed, retrying: %s", self.name, exc)
             return True
         if state is None:
             self.lost.set()
             return False
+        self.renewed(sent_at)
         if state is not RunState.RUNNING and state is not RunState.SPLITTING:
             self.stop_requested.set()
         return True
@@ -101,11 +125,12 @@ class _Beater:
                 self._changed.notify()
 
     def remove(self, beat: Heartbeat) -> None:
-        """Stop renewing ``beat``; returns once no renewal of it is in flight."""
+        """Stop renewing ``beat``; returns once no renewal of it is in flight, unless its lease
+        is lost (a renewal hung on a dead link must not hold the process back from new work)."""
         with self._changed:
             self._due.pop(beat, None)
-            while self._beating is beat:
-                self._changed.wait()
+            while self._beating is beat and not beat.lease_lost():
+                self._changed.wait(beat.interval)
 
     def _loop(self) -> None:
         while True:

@@ -34,7 +34,7 @@ from dtask.exceptions import (
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import drain, runaway
+from dtask.worker import drain, links, runaway
 from dtask.worker.app import app
 from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
 from dtask.worker.heartbeat import Heartbeat
@@ -124,15 +124,18 @@ def master(self: Task, run_id: int) -> None:
     log.info("run %s is %s", run_id, state.value)
 
 
-def _patiently(call: Callable[[], T], patience: float) -> T:
-    """Retry a write while PostgreSQL is unreachable (a restart), for up to ``patience`` s."""
+def _patiently(
+    call: Callable[[], T], patience: float, give_up: Callable[[], bool] = lambda: False
+) -> T:
+    """Retry a write while PostgreSQL is unreachable (a restart), for up to ``patience`` s,
+    or until ``give_up()``."""
     deadline = time.monotonic() + patience
     delay = 0.2
     while True:
         try:
             return call()
         except DatabaseUnavailable:
-            if time.monotonic() + delay > deadline:
+            if time.monotonic() + delay > deadline or give_up():
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
@@ -157,20 +160,29 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
                     " another worker", run_id, index, template,
                 )  # fmt: skip
             raise self.retry(countdown=_backoff(self.request.retries), max_retries=None)
+        if links.recently_cut_off(retry_after=config.network_timeout):
+            log.info(
+                "run %s child %s: this worker cannot reach PostgreSQL; handing the child to"
+                " another worker", run_id, index,
+            )  # fmt: skip
+            raise self.retry(countdown=config.heartbeat_interval, max_retries=None)
+        claimed_at = time.monotonic()  # the lease runs from no earlier than this
         taken = _patiently(
             lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
             config.lease_ttl,
         )
+        links.reached()
         if isinstance(taken, Refusal):
             _refused(run_id, index, taken)
             return None
-        _run_claimed(self, store, taken, run_id, index, template, spec, config)
+        _run_claimed(self, store, taken, run_id, index, template, spec, config, claimed_at)
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
     except DatabaseUnavailable as exc:
         # Nothing can be recorded now. Try again later: the lease runs out and the next
         # claim resumes from the last committed checkpoint. Not counted by the chord.
+        links.cut_off()
         log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
         raise self.retry(countdown=config.lease_ttl, max_retries=None) from None
     finally:
@@ -197,6 +209,7 @@ def _run_claimed(
     template: str,
     spec: dict[str, Any],
     config: Settings,
+    claimed_at: float,
 ) -> None:
     tpl = registry.get(template)
     cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
@@ -209,7 +222,20 @@ def _run_claimed(
             cap.killed(config.execution_cap_grace),
             lambda: store.children.fail_attempt(claim, cap.killed(config.execution_cap_grace)),
         ),
+        lease=config.lease_ttl,
+        since=claimed_at,
     )
+
+    def fenced_write(write: Callable[[], None]) -> None:
+        """A write under our fence; it renews the lease when it succeeds. Given up on once
+        the lease has run out: another worker may be running the child by then."""
+        sent_at = time.monotonic()
+        try:
+            _patiently(write, config.lease_ttl, give_up=beat.expired)
+        except LeaseLost:
+            beat.lost.set()
+            raise
+        beat.renewed(sent_at)
 
     def release_and_hand_over() -> None:
         with contextlib.suppress(LeaseLost):
@@ -224,13 +250,12 @@ def _run_claimed(
                 index=index,
                 attempt=claim.attempt,
                 checkpoint_state=claim.checkpoint,
-                writer=lambda state: _patiently(
-                    lambda: store.children.checkpoint(claim, state, config.lease_ttl),
-                    config.lease_ttl,
+                writer=lambda state: fenced_write(
+                    lambda: store.children.checkpoint(claim, state, config.lease_ttl)
                 ),
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
-                lease_lost=beat.lost.is_set,
+                lease_lost=beat.lease_lost,
                 stop_requested=lambda: (
                     beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
                 ),
@@ -238,10 +263,14 @@ def _run_claimed(
             tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
-            _patiently(
-                lambda: store.children.finish(claim, ctx.unsaved_checkpoint), config.lease_ttl
-            )
-    except (LeaseLost, DatabaseUnavailable):
+            fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint))
+    except (LeaseLost, DatabaseUnavailable) as exc:
+        if beat.expired() and not beat.lost.is_set():
+            moved = _fence_moved(store, claim)
+            if moved is None:
+                links.cut_off()
+            if not moved:
+                raise LeaseLost(_expired(beat, index, exc, cut_off=moved is None)) from None
         raise
     except ChildStopped:
         if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
@@ -278,6 +307,26 @@ class _Cap:
 
     def killed(self, grace: float) -> str:
         return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"
+
+
+def _fence_moved(store: LifecycleStore, claim: Claim) -> bool | None:
+    """For a lease that expired unrenewed: True if another worker took the child, False if it
+    is still ours (this process was paused; the lease is now set to end at once, so the reaper
+    re-sends the child without waiting), None if PostgreSQL does not answer (cut off)."""
+    try:
+        return store.children.renew_lease(claim, 0) is None
+    except DtaskError:
+        return None
+
+
+def _expired(beat: Heartbeat, index: int, exc: Exception, cut_off: bool) -> str:
+    unrenewed = f"no renewal for {beat.unrenewed_for():.1f} s (lease {beat.lease:g} s)"
+    if cut_off:
+        cause = beat.last_error or (str(exc) if isinstance(exc, DatabaseUnavailable) else None)
+        why = f"cut off from PostgreSQL ({cause or 'no answer'}): lease expired, {unrenewed}"
+    else:
+        why = f"lease expired while this process could not renew it (paused?), {unrenewed}"
+    return f"{why}, stopping child {index}; another worker resumes it from its last checkpoint"
 
 
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:

@@ -5,6 +5,7 @@ holds the lease), so the old owner must hand the child over when it lets go of i
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -80,7 +81,17 @@ def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) ->
 
     with pytest.raises(Ignore):
         spec = {"a": 1, "b": 2}
-        _run_claimed(child, store, claim, run_id, 0, TEMPLATE, spec, services.current().settings)
+        _run_claimed(
+            child,
+            store,
+            claim,
+            run_id,
+            0,
+            TEMPLATE,
+            spec,
+            services.current().settings,
+            time.monotonic(),
+        )
 
     run = store.runs.get(run_id)
     assert run.state is RunState.RUNNING and run.group_id == f"dtask-{run_id}-2"

@@ -226,3 +226,22 @@ def hangs(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str) -> No
 def hangs_capped(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str) -> None:
     """The template's own execution cap: 2 s per attempt."""
     _hang(ctx, a, b, hang_at, how)
+
+
+@dtask.template(
+    "stamped_range",
+    params={"n": int, "delay": float, "every": int},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "every": "${every}"},
+    split=dtask.RangeSplit("start", "end", chunk=200, carry=("delay", "every")),
+    checkpoint_interval=3600,
+)
+def stamped_range(ctx: dtask.ChildContext, a: int, b: int, delay: float, every: int) -> None:
+    """Each item as `item pid unix-time`: who printed it and when (partition tests).
+    Checkpoints every ``every`` items only, so between them nothing but the lease stops it."""
+    import time
+
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1), checkpoint_every=every):
+            time.sleep(delay)
+            out.write(f"{i} {os.getpid()} {time.time():.3f}\n")
+            out.flush()

@@ -147,7 +147,7 @@ def store() -> Iterator[FakeStore]:
 
 def run(store: FakeStore, name: str, task: FakeTask | None = None) -> None:
     claim = store.children.claim()
-    _run_claimed(task or FakeTask(), store, claim, 1, 0, name, {"n": 10}, CONFIG)  # type: ignore[arg-type]
+    _run_claimed(task or FakeTask(), store, claim, 1, 0, name, {"n": 10}, CONFIG, time.monotonic())  # type: ignore[arg-type]
 
 
 def until(check: Callable[[], bool]) -> None:

@@ -68,3 +68,23 @@ def test_a_lost_lease_stops_the_loop() -> None:
         for i in ctx.resume(range(10)):
             seen.append(i)
     assert seen == [0, 1]
+
+
+def test_a_checkpoint_after_the_lease_is_lost_writes_nothing_and_stops_the_child() -> None:
+    writes: list[Any] = []
+    lost = False
+    ctx = ChildContext(
+        run_id=1,
+        index=4,
+        attempt=1,
+        checkpoint_state=None,
+        writer=writes.append,
+        checkpoint_interval=3600.0,
+        checkpoint_every=10,
+        lease_lost=lambda: lost,
+    )
+    ctx.checkpoint({"step": 1})
+    lost = True  # e.g. the lease ran out while the worker was cut off from PostgreSQL
+    with pytest.raises(LeaseLost, match="child 4 was taken over"):
+        ctx.checkpoint({"step": 2})
+    assert writes == [{"step": 1}]
