@@ -26,6 +26,7 @@ import dtask
 from dtask import services
 from dtask.db.database import RUN_LOCKS
 from dtask.services import embedded
+from soak.cluster import FAST
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
 
@@ -33,13 +34,6 @@ pytestmark = pytest.mark.acceptance
 
 # A vhost of its own lets several checkouts run these tests side by side on one RabbitMQ.
 AMQP = os.environ.get("DTASK_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
-FAST = {
-    "DTASK_LEASE_TTL": "3",
-    "DTASK_HEARTBEAT_INTERVAL": "0.5",
-    "DTASK_REAPER_INTERVAL": "0.5",
-    "DTASK_STALL_TIMEOUT": "3",
-    "DTASK_RETRY_DELAY": "0.2",
-}
 
 
 def rabbitmq_reachable() -> bool:
