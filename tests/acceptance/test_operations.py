@@ -31,7 +31,9 @@ def numbers(sink: Path, run_id: int, index: int) -> list[int]:
 def test_cancel_stops_running_children_at_a_checkpoint_and_rerun_resumes_them(
     dtask_env: dict[str, str], workers: list[WorkerProcess], sink: Path
 ) -> None:
-    run = dtask.submit("slow_range", {"n": 400, "delay": 0.2})  # 20 children of 4 s
+    # 10 children of 10 s: long enough that a busy machine's slow CLI and a heartbeat's delay
+    # still catch them mid-way (with 4 s children the cancel sometimes came after they ended)
+    run = dtask.submit("slow_range", {"n": 200, "delay": 0.5})
     wait_for(lambda: run.status().children.running >= 2, 30, "children to be running")
     time.sleep(1)
 
@@ -46,14 +48,14 @@ def test_cancel_stops_running_children_at_a_checkpoint_and_rerun_resumes_them(
     assert stopped.pending > 0
     time.sleep(3)
     assert run.status().children == stopped  # pending children never start
-    partly_done = [i for i in range(20) if 0 < len(numbers(sink, run.id, i)) < 20]
+    partly_done = [i for i in range(10) if 0 < len(numbers(sink, run.id, i)) < 20]
 
     rerun = cli(dtask_env, "rerun", str(run.id), "--json")
     assert rerun.returncode == 0, rerun.stderr
     assert json.loads(rerun.stdout)["state"] in ("splitting", "running")
     status = run.wait(timeout=90)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
-    for index in range(20):
+    for index in range(10):
         seen = numbers(sink, run.id, index)
         assert sorted(seen) == list(range(index * 20 + 1, index * 20 + 21)), index
     assert partly_done, "the cancel should have caught children mid-way"
