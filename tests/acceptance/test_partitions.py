@@ -89,7 +89,12 @@ def net(
         relays.append(netns.Relay(mq.host, (amqp.hostname or "", amqp.port or 5672)))
         where = f"{amqp.username}:{amqp.password}@{mq.host}:{relays[2].port}"
         broker = urlunsplit((amqp.scheme, where, amqp.path, "", ""))
-        outside["DTASK_BROKER_URL"] = AMQP
+        resolved = services.ensure_broker()  # the embedded services, named: not a mix
+        outside.update(
+            DTASK_DATABASE_URL=resolved.database_url,
+            DTASK_BROKER_URL=AMQP,
+            DTASK_RESULT_BACKEND=resolved.result_backend,
+        )
     inside = {
         **outside,
         "DTASK_DATABASE_URL": f"postgresql+psycopg://{url.username}@{db.host}:{relays[0].port}"
