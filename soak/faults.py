@@ -1,11 +1,9 @@
 """The faults the soak injects. Each is a small object with a ``kind``, a ``weight`` and
 ``inject(ctx) -> Injection | None`` (None: nothing to aim at right now).
 
-The list is pluggable: ``run(..., faults=[*DEFAULT_FAULTS, MyFault()])`` or ``--faults``.
-Hook for link cuts (tests/support/netns.py on branch `links`): a ``LinkCut`` fault that moves
-a worker's link down (to PostgreSQL, the broker, or both) and returns an Injection whose
-``heal`` brings it up after ``heal_after`` s; its ``affected`` are the children that worker
-owns. Add it to DEFAULT_FAULTS; the checks and the table need nothing else.
+The list is pluggable: ``Soak(..., faults=[*DEFAULT_FAULTS, MyFault()])``. A fault whose
+``needs_partitions`` is true is left out, with a printed reason, where network namespaces
+cannot be made.
 """
 
 from __future__ import annotations
@@ -62,6 +60,7 @@ class FaultContext:
 class Fault(Protocol):
     kind: str
     weight: float
+    needs_partitions: bool
 
     def inject(self, ctx: FaultContext) -> Injection | None: ...
 
@@ -123,7 +122,7 @@ def _worker_fault(ctx: FaultContext, kind: str, victim: Proc, detail: str) -> In
 class WorkerKill:
     """SIGKILL a whole worker (main and pool); a fresh worker replaces it at once."""
 
-    kind, weight = "worker SIGKILL", 3.0
+    kind, weight, needs_partitions = "worker SIGKILL", 3.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         witness = ctx.cluster.witness()
@@ -141,7 +140,7 @@ class WorkerKill:
 class WorkerStop:
     """SIGSTOP a whole worker for 1 to 2 leases (some pauses outlive the lease), then SIGCONT."""
 
-    kind, weight = "worker SIGSTOP/SIGCONT", 2.0
+    kind, weight, needs_partitions = "worker SIGSTOP/SIGCONT", 2.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         victim = ctx.rng.choice(ctx.cluster.live("worker"))
@@ -156,7 +155,7 @@ class WorkerStop:
 class PoolKill:
     """SIGKILL one pool process, one running a child when there is one."""
 
-    kind, weight = "pool process SIGKILL", 2.0
+    kind, weight, needs_partitions = "pool process SIGKILL", 2.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         snap = ctx.monitor.fresh()
@@ -187,7 +186,7 @@ def _next_slot_fired(inj: Injection, snap: Snapshot) -> bool:
 
 
 class BeatKill:
-    kind, weight = "beat SIGKILL", 1.0
+    kind, weight, needs_partitions = "beat SIGKILL", 1.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         beats = _beat_ok_to_hit(ctx)
@@ -202,7 +201,7 @@ class BeatKill:
 
 
 class BeatStop:
-    kind, weight = "beat SIGSTOP/SIGCONT", 1.0
+    kind, weight, needs_partitions = "beat SIGSTOP/SIGCONT", 1.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         beats = _beat_ok_to_hit(ctx)
@@ -222,7 +221,7 @@ class RedisRestart:
     at shutdown and loaded again (what a Redis with persistence does). Hit: the running
     children and the queued (pending) children of running runs, whose messages it held."""
 
-    weight = 1.0
+    weight, needs_partitions = 1.0, False
 
     def __init__(self, keep_data: bool) -> None:
         self.keep_data = keep_data
@@ -253,7 +252,7 @@ class RedisRestart:
 
 
 class PostgresRestart:
-    weight = 1.0
+    weight, needs_partitions = 1.0, False
 
     def __init__(self, crash: bool) -> None:
         self.crash = crash
@@ -269,10 +268,43 @@ class PostgresRestart:
         return inj
 
 
+class LinkCut:
+    """Cut a worker's link to PostgreSQL, to the broker, or to both (packets dropped silently,
+    no RST) for half a lease to two leases, then heal it. Short cuts must go unnoticed; long
+    ones must move the worker's children elsewhere, and the worker must rejoin after the heal."""
+
+    weight, needs_partitions = 1.0, True
+    LINKS = {"postgres": ("db",), "broker": ("mq",), "both": ("db", "mq")}
+
+    def __init__(self, to: str) -> None:
+        self.links = self.LINKS[to]
+        self.kind = f"link cut: {to}"
+
+    def inject(self, ctx: FaultContext) -> Injection | None:
+        victims = [p for p in ctx.cluster.wired() if p.started < time.monotonic() - 5]
+        if not victims:
+            return None
+        victim = ctx.rng.choice(victims)
+        net = victim.net
+        assert net is not None
+        lease = float(ctx.cluster.env.get("DTASK_LEASE_TTL", "8"))
+        cut = ctx.rng.uniform(0.5 * lease, 2 * lease)
+        inj = _worker_fault(ctx, self.kind, victim, f"cut {cut:.1f} s")
+        net.partition.cut(*self.links)
+
+        def heal() -> None:
+            if victim.net is not None:  # not killed meanwhile
+                victim.net.partition.heal(*self.links)
+
+        inj.heal, inj.heal_after = heal, cut
+        _track(ctx, inj, _progressed)
+        return inj
+
+
 class BrokenSplit:
     """A user template whose split raises: that run must fail, and nothing else notice."""
 
-    kind, weight = "split raises (user code)", 1.0
+    kind, weight, needs_partitions = "split raises (user code)", 1.0, False
 
     def inject(self, ctx: FaultContext) -> Injection | None:
         run_id = ctx.submit_broken()
@@ -299,5 +331,7 @@ DEFAULT_FAULTS: list[Fault] = [
     PostgresRestart(crash=False),
     PostgresRestart(crash=True),
     BrokenSplit(),
-    # LinkCut(to="postgres"), LinkCut(to="broker"), LinkCut(to="both"): see the module docstring
+    LinkCut(to="postgres"),
+    LinkCut(to="broker"),
+    LinkCut(to="both"),
 ]

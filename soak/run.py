@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from soak import netns
 from soak.cluster import FAST, REPO, Cluster
 from soak.faults import DEFAULT_FAULTS, Fault, FaultContext, Injection
 
@@ -54,10 +55,15 @@ class Soak:
         self.rng = random.Random(seed)
         self.seed = seed
         self.faults = list(faults)
+        why_not = netns.unavailable() if any(f.needs_partitions for f in faults) else None
+        if why_not is not None:
+            print(f"soak: no link cuts: {why_not}", flush=True)
+            self.faults = [f for f in self.faults if not f.needs_partitions]
         self.fault_gap = fault_gap
         self.max_n = max_n
         self.settle = settle
-        self.cluster = Cluster(env, logs, workers=3, beats=2)
+        partitioned = any(f.needs_partitions for f in self.faults)
+        self.cluster = Cluster(env, logs, workers=3, beats=2, partitioned=partitioned)
         self.variables: dict[int, dict[str, Any]] = {}
         self.cancels: Counter[int] = Counter()
         self.reruns_due: list[tuple[float, int]] = []

@@ -288,8 +288,8 @@ class RunStore:
             if final is None:
                 return run.state
             error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
-            self._set_run_state(conn, run_id, final, error=error)
-            return final
+            # a rerun's run is splitting: its own chord finalizes it, not this late callback
+            return final if self._set_run_state(conn, run_id, final, error=error) else run.state
 
     @staticmethod
     def _set_run_state(

@@ -1,7 +1,7 @@
 """Network partitions: a worker's link to PostgreSQL, to the broker, or to both, is cut so
 that its packets are dropped silently (no RST, no ICMP), then healed.
 
-The cut worker runs in a network namespace of its own (tests/support/netns.py) and reaches the
+The cut worker runs in a network namespace of its own (soak/netns.py) and reaches the
 embedded PostgreSQL and Redis only through relays on the host ends of two veth pairs; the
 other worker reaches them directly. Every number is printed (run with -s to see them).
 """
@@ -24,9 +24,9 @@ from sqlalchemy.engine import make_url
 import dtask
 from dtask import services
 from dtask.services import embedded
+from soak import netns
 from tests.acceptance.test_faults import AMQP, FAST, purge_rabbitmq_queue, rabbitmq_reachable
 from tests.conftest import DTASK, REPO, WorkerProcess
-from tests.support import netns
 from tests.support.db import owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance

@@ -210,3 +210,59 @@ def test_a_hung_reaper_leader_loses_its_turn_after_hold_for(store: Store) -> Non
             assert third  # a survivor takes over
     with store.recovery.turn(hold_for=0.5) as again:
         assert again
+
+
+def failed_run(store: Store) -> int:
+    """A run of two children: child 0 succeeded, child 1 failed for good; finalized."""
+    run_id = new_run(store, children=2)
+    store.runs.dispatch(run_id, lambda run, children: None)
+    store.children.finish(claim(store, run_id, 0), None)
+    store.children.fail_attempt(claim(store, run_id, 1), "boom")
+    store.children.fail_attempt(claim(store, run_id, 1), "boom again")
+    assert store.runs.finalize(run_id) is RunState.FAILED
+    return run_id
+
+
+def test_a_late_finalize_of_the_old_chord_does_not_end_a_rerun(store: Store) -> None:
+    run_id = failed_run(store)
+    assert store.runs.rerun(run_id) is RunState.SPLITTING
+    # the first chord's callback delivered again (acks_late, a worker died after running it)
+    assert store.runs.finalize(run_id) is RunState.SPLITTING
+    assert store.runs.dispatch(run_id, lambda run, children: None) is RunState.RUNNING
+    assert store.runs.finalize(run_id) is RunState.RUNNING
+    store.children.finish(claim(store, run_id, 1), None)
+    assert store.runs.finalize(run_id) is RunState.SUCCEEDED
+    assert store.runs.status(run_id).error is None
+
+
+def test_finalize_racing_a_rerun_says_what_it_did_and_the_run_still_ends(store: Store) -> None:
+    """A run is cancelled while child 1 is finishing; its owner's finish, the old chord's
+    finalize and a rerun then race. Whichever takes the run's lock first, finalize reports the
+    state the run is really in, and the rerun's chord ends the run succeeded."""
+    for _ in range(20):
+        run_id = new_run(store, children=2)
+        store.runs.dispatch(run_id, lambda run, children: None)
+        store.children.finish(claim(store, run_id, 0), None)
+        finishing = claim(store, run_id, 1)
+        assert store.runs.cancel(run_id) is RunState.CANCELLED
+        start = threading.Barrier(2)
+        reported: list[RunState] = []
+
+        def finish_then_finalize(
+            run_id: int, finishing: Claim, start: threading.Barrier, reported: list[RunState]
+        ) -> None:
+            start.wait()
+            store.children.finish(finishing, None)
+            reported.append(store.runs.finalize(run_id))
+
+        racer = threading.Thread(
+            target=finish_then_finalize, args=(run_id, finishing, start, reported)
+        )
+        racer.start()
+        start.wait()
+        store.runs.rerun(run_id)
+        racer.join()
+        assert store.runs.status(run_id).state is RunState.SPLITTING
+        assert reported[0] in (RunState.CANCELLED, RunState.SPLITTING)  # before or after rerun
+        store.runs.dispatch(run_id, lambda run, children: None)
+        assert store.runs.finalize(run_id) is RunState.SUCCEEDED

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 # Link subnets come from here, one /30 per link; the addresses exist only inside this machine
 # (the host end and a namespace this process made).
-_POOL = ipaddress.ip_network("10.213.0.0/16")
+_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 _counter = itertools.count()
 
 
@@ -55,7 +55,7 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
     for line in _ip("-o", "-4", "addr").splitlines():
         parts = line.split()
         if "inet" in parts:
-            used.add(ipaddress.ip_interface(parts[parts.index("inet") + 1]).network)
+            used.add(ipaddress.IPv4Interface(parts[parts.index("inet") + 1]).network)
     return used
 
 
