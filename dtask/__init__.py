@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, Tier
 from dtask.domain.context import ChildContext
 from dtask.domain.params import Param
 from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
@@ -19,16 +20,19 @@ from dtask.domain.templates import Template, registry, template, use_launcher
 from dtask.exceptions import (
     BrokerUnavailable,
     ChildFailed,
+    ClientNotFound,
     ConfigurationError,
     DatabaseUnavailable,
     DtaskError,
     ExecutionCapExceeded,
+    InvalidClient,
     InvalidExecutionCap,
     InvalidSchedule,
     InvalidSplit,
     InvalidVariables,
     KeyConflict,
     LeaseLost,
+    RateLimited,
     RunNotFound,
     ScheduleExists,
     ScheduleNotFound,
@@ -41,6 +45,7 @@ from dtask.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from dtask.client.clients import get_client, list_clients, remove_client, set_client
     from dtask.client.runs import Run, get_run, submit
     from dtask.client.schedules import (
         add_schedule,
@@ -52,6 +57,10 @@ if TYPE_CHECKING:
     )
 
 _LAZY = {
+    "get_client": "dtask.client.clients",
+    "list_clients": "dtask.client.clients",
+    "remove_client": "dtask.client.clients",
+    "set_client": "dtask.client.clients",
     "Run": "dtask.client.runs",
     "get_run": "dtask.client.runs",
     "submit": "dtask.client.runs",
@@ -83,10 +92,19 @@ class _Client:
         *,
         key: str | None,
         execution_cap: float | None = None,
+        client: str = DEFAULT_CLIENT,
+        priority: int | None = None,
     ) -> Run:
         from dtask.client.runs import submit
 
-        return submit(template, variables, key=key, execution_cap=execution_cap)
+        return submit(
+            template,
+            variables,
+            key=key,
+            execution_cap=execution_cap,
+            client=client,
+            priority=priority,
+        )
 
     def schedule(
         self,
@@ -110,10 +128,13 @@ __all__ = [
     "ChildCounts",
     "ChildFailed",
     "ChildState",
+    "Client",
+    "ClientNotFound",
     "ConfigurationError",
     "DatabaseUnavailable",
     "DtaskError",
     "ExecutionCapExceeded",
+    "InvalidClient",
     "InvalidExecutionCap",
     "InvalidSchedule",
     "InvalidSplit",
@@ -124,6 +145,8 @@ __all__ = [
     "Overlap",
     "Param",
     "RangeSplit",
+    "Rate",
+    "RateLimited",
     "Run",
     "RunNotFound",
     "RunState",
@@ -136,17 +159,22 @@ __all__ = [
     "SplitStrategy",
     "Template",
     "TemplateDefinitionError",
+    "Tier",
     "TooManyChildren",
     "UnknownTemplate",
     "WaitTimeout",
     "add_schedule",
+    "get_client",
     "get_run",
     "get_schedule",
+    "list_clients",
     "list_schedules",
     "pause_schedule",
     "registry",
+    "remove_client",
     "remove_schedule",
     "resume_schedule",
+    "set_client",
     "submit",
     "template",
 ]

@@ -56,6 +56,24 @@ class ExecutionCapExceeded(DtaskError):
     """A child's attempt ran longer than its execution cap and was stopped."""
 
 
+class InvalidClient(DtaskError):
+    """A client's name or one of its settings is invalid."""
+
+
+class ClientNotFound(DtaskError):
+    """No client has that name."""
+
+
+class RateLimited(DtaskError):
+    """limit exceeded: the client's rate limit refuses this submit for now."""
+
+    exit_code = 4
+
+    def __init__(self, message: str | None = None, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds; inf: this submit can never fit
+
+
 class KeyConflict(DtaskError):
     """The trigger key is already used by a run with another template or variables."""
 

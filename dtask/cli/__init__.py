@@ -1,5 +1,6 @@
 """The ``dtask`` command. Exit codes: 0 ok, 1 the run failed, 2 bad input or unreachable service,
-3 a wait timed out. Errors are one line on stderr, never a traceback."""
+3 a wait timed out, 4 a client's limit exceeded (retry later). Errors are one line on stderr,
+never a traceback."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dtask.cli import runs, schedules, services
+from dtask.cli import clients, runs, schedules, services
 from dtask.cli.base import Parser
 from dtask.exceptions import DtaskError
 
@@ -15,7 +16,7 @@ from dtask.exceptions import DtaskError
 def parser() -> argparse.ArgumentParser:
     top = Parser(prog="dtask", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for noun in (runs, schedules, services):
+    for noun in (runs, schedules, clients, services):
         noun.register(sub)
     return top
 

@@ -10,7 +10,7 @@ from typing import Any
 from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, parse_vars
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
-from dtask.exceptions import InvalidExecutionCap
+from dtask.exceptions import InvalidClient, InvalidExecutionCap
 
 
 def register(sub: Any) -> None:
@@ -23,6 +23,12 @@ def register(sub: Any) -> None:
         "--execution-cap",
         metavar="SECONDS",
         help="stop (and retry) a child's attempt that runs longer; overrides the template's",
+    )
+    submit.add_argument(
+        "--client", default="default", help="the client the run is charged to (default: default)"
+    )
+    submit.add_argument(
+        "--priority", metavar="P", help="0 (lowest) to 9 (highest), default 5; capped by client"
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
@@ -56,6 +62,9 @@ def register(sub: Any) -> None:
     runs.set_defaults(handler=_cmd_runs)
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--client", help="only the runs of this client")
+    runs.add_argument("--state", choices=[s.value for s in RunState], help="only runs in it")
+    runs.add_argument("--template", help="only the runs of this template")
 
     templates = sub.add_parser("templates", help="list the registered templates")
     templates.set_defaults(handler=_cmd_templates)
@@ -69,6 +78,7 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     c = status.children
     print(f"run {status.id}  {status.template}  {status.state.value}")
     print(f"  key        {status.key}")
+    print(f"  client     {status.client}, priority {status.priority}")
     print(f"  variables  {json.dumps(status.variables)}")
     print(
         f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
@@ -103,7 +113,14 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     services.load_templates()
     tpl = registry.get(args.template)
     variables = tpl.parse_variables(parse_vars(args.var))
-    run = submit(tpl.name, variables, key=args.key, execution_cap=_seconds(args.execution_cap))
+    run = submit(
+        tpl.name,
+        variables,
+        key=args.key,
+        execution_cap=_seconds(args.execution_cap),
+        client=args.client,
+        priority=_priority(args.priority),
+    )
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"
         print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
@@ -124,6 +141,17 @@ def _seconds(text: str | None) -> float | None:
     except ValueError:
         raise InvalidExecutionCap(
             f"--execution-cap expects a number of seconds, got {text!r}"
+        ) from None
+
+
+def _priority(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidClient(
+            f"--priority expects a whole number from 0 to 9, got {text!r}"
         ) from None
 
 
@@ -153,7 +181,12 @@ def _cmd_rerun(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     from dtask import services
 
-    statuses = services.store().runs.statuses(args.limit)
+    statuses = services.store().runs.statuses(
+        args.limit,
+        client=args.client,
+        state=None if args.state is None else RunState(args.state),
+        template=args.template,
+    )
     if args.json:
         print(json.dumps([s.as_json() for s in statuses]))
         return EXIT_OK

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dtask import services
+from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
@@ -83,10 +84,14 @@ def submit(
     key: str | None = None,
     *,
     execution_cap: float | None = None,
+    client: str = DEFAULT_CLIENT,
+    priority: int | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
-    ``execution_cap`` (seconds) overrides the template's cap on each child's attempts.
+    ``execution_cap`` (seconds) overrides the template's cap on each child's attempts. The run
+    is charged to ``client`` (RateLimited when its rate limits refuse it, ClientNotFound for a
+    client never set up); ``priority`` 0 to 9 (default 5) is capped at the client's maximum.
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -94,8 +99,11 @@ def submit(
     config = services.current().settings
     tpl = registry.get(template)
     cap = check_execution_cap(execution_cap, f"run of template {tpl.name!r}")
+    check_name(client)
+    if priority is not None:
+        check_priority(priority)
     checked = tpl.validate(variables)
-    tpl.precheck(checked, config.max_children)
+    _, children = tpl.count(checked, config.max_children)
     store = services.store()
     run_id, created = store.runs.create(
         template=tpl.name,
@@ -104,6 +112,9 @@ def submit(
         max_attempts=tpl.options.max_attempts,
         queue=tpl.options.queue,
         execution_cap=cap,
+        client=client,
+        priority=priority,
+        expected_children=children,
     )
     if created or store.runs.get(run_id).state is RunState.PENDING:
         try:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -25,6 +26,14 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from dtask.domain.clients import (
+    DEFAULT_CLIENT,
+    DEFAULT_PRIORITY,
+    HIGHEST_PRIORITY,
+    LOWEST_PRIORITY,
+    PERIODS,
+    Tier,
+)
 from dtask.domain.runs import ChildState, RunState
 from dtask.domain.schedules import Misfire, Overlap
 
@@ -38,10 +47,13 @@ NAMING = {
 
 
 def _one_of(
-    values: type[RunState] | type[ChildState] | type[Misfire] | type[Overlap],
+    values: type[RunState] | type[ChildState] | type[Misfire] | type[Overlap] | type[Tier],
     column: str = "state",
 ) -> str:
     return f"{column} IN (" + ", ".join(f"'{v.value}'" for v in values) + ")"
+
+
+_PERIODS = ", ".join(f"'{p}'" for p in PERIODS)
 
 
 class Base(DeclarativeBase):
@@ -62,6 +74,10 @@ class RunRow(Base):
     group_id: Mapped[str | None] = mapped_column(String(100))
     chord_size: Mapped[int | None] = mapped_column(Integer)
     execution_cap: Mapped[float | None] = mapped_column(Float)  # NULL: the template's
+    client: Mapped[str] = mapped_column(String(100), server_default=DEFAULT_CLIENT)
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text(str(DEFAULT_PRIORITY)))
+    # what a child rate limit charged at submit (a split that cannot count: NULL, then child_total)
+    expected_children: Mapped[int | None] = mapped_column(Integer)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     schedule: Mapped[str | None] = mapped_column(String(100))
@@ -76,6 +92,10 @@ class RunRow(Base):
         CheckConstraint(_one_of(RunState), name="state"),
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
+        Index(None, "client", "created_at"),
+        CheckConstraint(
+            f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"
+        ),
     )
 
 
@@ -140,4 +160,38 @@ class ScheduleRow(Base):
         CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="trigger"),
         CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
         CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
+    )
+
+
+class ClientRow(Base):
+    """A client's limits; a run names its client (no foreign key: removing a client's limits
+    keeps its runs). The client ``default`` exists without a row (no limits)."""
+
+    __tablename__ = "dtask_clients"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    rate_count: Mapped[int | None] = mapped_column(Integer)
+    rate_period: Mapped[str | None] = mapped_column(String(1))
+    child_rate_count: Mapped[int | None] = mapped_column(Integer)
+    child_rate_period: Mapped[str | None] = mapped_column(String(1))
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    weight: Mapped[float] = mapped_column(Float, server_default=text("1"))
+    tier: Mapped[str | None] = mapped_column(String(16))
+    max_priority: Mapped[int] = mapped_column(
+        SmallInteger, server_default=text(str(HIGHEST_PRIORITY))
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint(f"rate_period IN ({_PERIODS})", name="rate_period"),
+        CheckConstraint(f"child_rate_period IN ({_PERIODS})", name="child_rate_period"),
+        CheckConstraint("(rate_count IS NULL) = (rate_period IS NULL)", name="rate"),
+        CheckConstraint(
+            "(child_rate_count IS NULL) = (child_rate_period IS NULL)", name="child_rate"
+        ),
+        CheckConstraint(_one_of(Tier, "tier"), name="tier"),
+        CheckConstraint(
+            f"max_priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="max_priority"
+        ),
     )

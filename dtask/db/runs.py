@@ -11,12 +11,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Row
 
+from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY
 from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
 from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
 
 _RUN_COLUMNS = (
-    "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot"
+    "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
+    " client, priority"
 )
 
 
@@ -46,6 +49,9 @@ class NewRun:
     schedule: str | None = None
     slot: datetime | None = None
     execution_cap: float | None = None  # overrides the template's
+    client: str = DEFAULT_CLIENT
+    priority: int = DEFAULT_PRIORITY
+    expected_children: int | None = None
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -55,9 +61,10 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
         sql(
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
-            " execution_cap)"
+            " execution_cap, client, priority, expected_children, created_at)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
-            " :schedule, :slot, :execution_cap)"
+            " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
+            " clock_timestamp())"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
         {**asdict(run), "variables": json.dumps(run.variables)},
@@ -77,25 +84,46 @@ class RunStore:
         max_attempts: int,
         queue: str | None,
         execution_cap: float | None = None,
+        *,
+        client: str = DEFAULT_CLIENT,
+        priority: int | None = None,
+        expected_children: int | None = None,
     ) -> tuple[int, bool]:
-        """Insert a run for ``key`` unless one exists. Returns (run id, created)."""
+        """Insert a run for ``key`` unless one exists. Returns (run id, created).
+
+        A new run is charged to ``client`` (RateLimited when its rate limits refuse it); a
+        known key returns its run and costs nothing."""
         with self.db.tx() as conn:
-            created = insert_run(
-                conn,
-                NewRun(template, key, variables, max_attempts, queue, execution_cap=execution_cap),
-            )
-            if created is not None:
-                return created, True
-            existing = conn.execute(
-                sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
-                {"key": key},
-            ).one()
+            existing = self._by_key(conn, key)
+            if existing is None:
+                charged = lock_client(conn, client)
+                # a submit of the same key may have committed while this one waited
+                existing = self._by_key(conn, key)
+            if existing is None:
+                check_rates(conn, charged, expected_children)
+                new = NewRun(
+                    template, key, variables, max_attempts, queue,
+                    execution_cap=execution_cap, client=charged.name,
+                    priority=charged.priority_for(priority), expected_children=expected_children,
+                )  # fmt: skip
+                created = insert_run(conn, new)
+                if created is not None:
+                    return created, True
+                existing = self._by_key(conn, key)
+            assert existing is not None
         if existing.template != template or existing.variables != variables:
             raise KeyConflict(
                 f"key {key!r} already triggered run {existing.id} of {existing.template!r}"
                 f" with {existing.variables}; use another key for other variables"
             )
         return int(existing.id), False
+
+    @staticmethod
+    def _by_key(conn: Connection, key: str) -> Row[Any] | None:
+        return conn.execute(
+            sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
+            {"key": key},
+        ).first()
 
     def forget_unsent(self, run_id: int) -> None:
         """Undo create_run when its master message could not be sent (no half-created run)."""
@@ -337,13 +365,27 @@ class RunStore:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
             return _status(row, self._counts(conn, run_id))
 
-    def statuses(self, limit: int = 50, schedule: str | None = None) -> list[RunStatus]:
-        """The latest runs, newest first; only the runs of ``schedule`` if given."""
-        where = "" if schedule is None else "WHERE schedule = :schedule"
+    def statuses(
+        self,
+        limit: int = 50,
+        schedule: str | None = None,
+        *,
+        client: str | None = None,
+        state: RunState | None = None,
+        template: str | None = None,
+    ) -> list[RunStatus]:
+        """The latest runs, newest first; only those matching each filter given."""
+        filters = {"schedule": schedule, "client": client, "template": template}
+        where = [f"{name} = :{name}" for name, value in filters.items() if value is not None]
+        if state is not None:
+            where.append("state = :state")
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
         with self.db.tx() as conn:
             rows = conn.execute(
-                sql(f"SELECT {_RUN_COLUMNS} FROM dtask_runs {where} ORDER BY id DESC LIMIT :limit"),
-                {"limit": limit, "schedule": schedule},
+                sql(
+                    f"SELECT {_RUN_COLUMNS} FROM dtask_runs {clause} ORDER BY id DESC LIMIT :limit"
+                ),
+                {**filters, "limit": limit, "state": state and state.value},
             ).all()
             counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
             for c in conn.execute(
@@ -370,4 +412,6 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         error=row.error,
         schedule=row.schedule,
         slot=row.slot,
+        client=row.client,
+        priority=row.priority,
     )

@@ -7,6 +7,7 @@ or late broker message can never move a run or child the wrong way.
 from __future__ import annotations
 
 from dtask.db.children import ChildStore
+from dtask.db.clients import ClientStore
 from dtask.db.database import Database
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
@@ -14,7 +15,8 @@ from dtask.db.schedules import ScheduleStore
 
 
 class Store:
-    """``store.runs``, ``store.children``, ``store.recovery`` and ``store.schedules`` share one
+    """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules`` and
+    ``store.clients`` share one
     database (its engines); see ``Database`` for the child owners' engines."""
 
     def __init__(self, db: Database) -> None:
@@ -24,3 +26,4 @@ class Store:
         self.children = ChildStore(self.db)
         self.recovery = RecoveryStore(self.db)
         self.schedules = ScheduleStore(self.db)
+        self.clients = ClientStore(self.db)

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY
 from dtask.domain.schedules import iso
 
 
@@ -113,6 +114,8 @@ class RunStatus:
     error: str | None
     schedule: str | None = None  # the schedule whose slot triggered the run
     slot: datetime | None = None
+    client: str = DEFAULT_CLIENT
+    priority: int = DEFAULT_PRIORITY
 
     @property
     def finished(self) -> bool:
@@ -131,6 +134,8 @@ class RunStatus:
             "error": self.error,
             "schedule": self.schedule,
             "slot": iso(self.slot) if self.slot else None,
+            "client": self.client,
+            "priority": self.priority,
         }
 
 

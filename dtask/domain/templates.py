@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
+from dtask.domain.clients import DEFAULT_CLIENT
 from dtask.domain.params import Param, as_param
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
 from dtask.domain.splitting import SplitStrategy, check_count, check_specs
@@ -171,14 +172,20 @@ class Template:
 
     def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
         """Validate and render; reject an oversized split early where the strategy can count."""
+        return self.count(variables, max_children)[0]
+
+    def count(self, variables: Mapping[str, Any], max_children: int) -> tuple[JSON, int | None]:
+        """Validate and render; how many children the split will make, if it can count them
+        without splitting (None otherwise); an oversized split is refused."""
         with self._user_code("rendering"):
             rendered = self.render(self.validate(variables))
         count = getattr(self.split, "count", None)
-        if count is not None:
-            with self._user_code("split"):
-                total = count(rendered)
-            check_count(total, max_children)
-        return rendered
+        if count is None:
+            return rendered, None
+        with self._user_code("split"):
+            total = count(rendered)
+        check_count(total, max_children)
+        return rendered, total
 
     @contextmanager
     def _user_code(self, what: str) -> Iterator[None]:
@@ -201,10 +208,18 @@ class Template:
         key: str | None = None,
         *,
         execution_cap: float | None = None,
+        client: str = DEFAULT_CLIENT,
+        priority: int | None = None,
     ) -> RunHandle:
-        """Trigger one run; ``execution_cap`` (seconds) overrides the template's for it."""
+        """Trigger one run; ``execution_cap`` (seconds) overrides the template's for it. The
+        run is charged to ``client`` and gets ``priority`` (see ``dtask.submit``)."""
         return launcher().submit(
-            self.name, dict(variables or {}), key=key, execution_cap=execution_cap
+            self.name,
+            dict(variables or {}),
+            key=key,
+            execution_cap=execution_cap,
+            client=client,
+            priority=priority,
         )
 
     def delay(self, **variables: Any) -> RunHandle:
@@ -261,6 +276,8 @@ class Launcher(Protocol):
         *,
         key: str | None,
         execution_cap: float | None = None,
+        client: str = DEFAULT_CLIENT,
+        priority: int | None = None,
     ) -> RunHandle: ...
 
     def schedule(

@@ -1,0 +1,112 @@
+"""Clients and rate limits against a real PostgreSQL: exact under concurrent submits, a known
+key costs nothing, child rates charge what a run weighs."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from dtask import services
+from dtask.client.clients import get_client, list_clients, remove_client, set_client
+from dtask.db import Store
+from dtask.exceptions import ClientNotFound, RateLimited
+
+
+@pytest.fixture
+def store(dtask_env: dict[str, str]) -> Store:
+    return services.store()
+
+
+def new_client(**settings: object) -> str:
+    name = f"c{uuid.uuid4().hex[:10]}"
+    set_client(name, **settings)  # type: ignore[arg-type]
+    return name
+
+
+def create(store: Store, client: str, key: str | None = None, children: int | None = 1) -> int:
+    run_id, _ = store.runs.create(
+        "t", key or f"test:{uuid.uuid4()}", {}, 3, None, client=client, expected_children=children
+    )
+    return run_id
+
+
+def test_concurrent_submits_get_exactly_the_limit(store: Store) -> None:
+    client = new_client(rate="10/m")
+    created: list[int] = []
+    refused: list[RateLimited] = []
+    lock = threading.Lock()
+
+    def submit_five() -> None:
+        for _ in range(5):
+            try:
+                run_id = create(store, client)
+            except RateLimited as exc:
+                with lock:
+                    refused.append(exc)
+            else:
+                with lock:
+                    created.append(run_id)
+
+    threads = [threading.Thread(target=submit_five) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(created), len(refused)) == (10, 30)
+    assert all("limit exceeded" in str(e) and 0 < e.retry_after <= 60 for e in refused)
+    assert get_client(client).usage["runs_in_window"] == 10
+
+
+def test_a_known_key_returns_its_run_and_costs_nothing(store: Store) -> None:
+    client = new_client(rate="1/h")
+    key = f"test:{uuid.uuid4()}"
+    first = create(store, client, key)
+    assert create(store, client, key) == first  # the limit is used up, the key still answers
+    with pytest.raises(RateLimited):
+        create(store, client)
+
+
+def test_child_rates_charge_what_a_run_weighs(store: Store) -> None:
+    client = new_client(child_rate="100/h")
+    create(store, client, children=60)
+    with pytest.raises(RateLimited, match=r"limit exceeded: client '\w+' may submit 100/h"):
+        create(store, client, children=60)
+    with pytest.raises(RateLimited, match="can never be accepted") as never:
+        create(store, client, children=101)
+    assert never.value.retry_after == float("inf")
+    uncounted = create(store, client, children=None)  # a custom split: 1 until it splits
+    assert get_client(client).usage["children_in_window"] == 61
+    store.runs.split(uncounted, lambda run: [{"i": i} for i in range(30)])
+    assert get_client(client).usage["children_in_window"] == 90
+    with pytest.raises(RateLimited):
+        create(store, client, children=11)
+    create(store, client, children=10)
+
+
+def test_limits_change_live_and_priority_is_capped(store: Store) -> None:
+    client = new_client(rate="1/h", max_priority=3)
+    create(store, client)
+    with pytest.raises(RateLimited):
+        create(store, client)
+    set_client(client, rate=None)
+    run_id, _ = store.runs.create(
+        "t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9
+    )
+    status = store.runs.status(run_id)
+    assert (status.client, status.priority) == (client, 3)
+    assert next(s.id for s in store.runs.statuses(client=client)) == run_id
+
+
+def test_unknown_clients_are_refused_and_default_always_exists(store: Store) -> None:
+    with pytest.raises(ClientNotFound, match="create it with `dtask client set nobody`"):
+        create(store, "nobody")
+    assert "default" in [c.name for c in list_clients()]
+    create(store, "default")
+    client = new_client()
+    remove_client(client)
+    with pytest.raises(ClientNotFound):
+        create(store, client)
+    with pytest.raises(ClientNotFound):
+        remove_client(client)
