@@ -67,13 +67,16 @@ def load(cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
         broker_tool(cluster, "purge")
 
 
-def waiting_children() -> int:
+def waiting_messages() -> int:
+    """Messages waiting for a worker, by PostgreSQL: pending children of running runs, and the
+    masters of pending runs (on RabbitMQ, FIFO, these queue before their children)."""
     with services.store().engine.connect() as conn:
         return int(
             conn.execute(
                 text(
-                    "SELECT count(*) FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE c.state = 'pending' AND r.state = 'running'"
+                    "SELECT (SELECT count(*) FROM dtask_children c JOIN dtask_runs r"
+                    "   ON r.id = c.run_id WHERE c.state = 'pending' AND r.state = 'running')"
+                    " + (SELECT count(*) FROM dtask_runs WHERE state = 'pending')"
                 )
             ).scalar_one()
         )
@@ -90,11 +93,15 @@ def test_a_lost_message_runs_within_the_stall_bound_while_the_queue_never_emptie
     # the backlog holds every process for up to BACKLOG_CHILD s; the message is missed within
     # 1.5 stall timeouts (overdue after one, looked for every half); the rest is slack
     bound = BACKLOG_CHILD + 3 * STALL + 5
-    status = dtask.get_run(lost).wait(timeout=bound)
+    busy: list[bool] = []  # sampled while the lost child waits: was the queue still busy?
+    status = dtask.get_run(lost).wait(
+        timeout=bound, poll=0.2, on_progress=lambda s: busy.append(waiting_messages() > 1)
+    )
     took = time.monotonic() - deleted
     assert status.state is dtask.RunState.SUCCEEDED, f"not run after {took:.1f} s: {status}"
     assert cluster.sink_numbers(lost, 0) == list(range(1, 21))
-    assert waiting_children() > 0, "the queue emptied: this did not test a busy queue"
+    # most of the wait, other children waited too (a busy machine may starve the load briefly)
+    assert sum(busy) >= 0.8 * len(busy), f"the queue was empty in {busy.count(False)} samples"
     assert load.poll() is None
     print(f"lost child ran {took:.1f} s after its message was deleted (bound {bound:g} s)")
 
