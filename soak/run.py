@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -258,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()) % 10_000)
     parser.add_argument("--settle", type=float, default=240)
     args = parser.parse_args(argv)
+    # a SIGTERM (a CI's timeout, `kill`) still stops the cluster and removes the namespaces
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     work = Path(tempfile.mkdtemp(prefix="dtask-soak-"))
     env = prepare_environment(work)

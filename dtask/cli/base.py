@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from dtask.exceptions import InvalidVariables
+from dtask.exceptions import DtaskError, InvalidVariables
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -26,3 +26,19 @@ def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
             raise InvalidVariables(f"variable {name!r} is given twice")
         parsed[name] = value
     return parsed
+
+
+N = TypeVar("N", int, float)
+
+
+def number(text: str | None, kind: type[N], option: str, error: type[DtaskError]) -> N | None:
+    """``text`` given to ``option`` as an int or a float (None stays None), else one line."""
+    if text is None:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        what = {int: "a whole number", float: "a number"}[kind]
+        if option == "--execution-cap":
+            what += " of seconds"
+        raise error(f"{option} expects {what}, got {text!r}") from None

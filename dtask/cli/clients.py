@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, Parser
+from dtask.cli.base import EXIT_OK, Parser, number
 from dtask.domain.clients import Client, Tier
 from dtask.exceptions import InvalidClient
 
@@ -38,16 +38,6 @@ def register(sub: Any) -> None:
     ops.add_parser("rm", help="remove a client (its runs stay)").add_argument("name")
 
 
-def _number(text: str, option: str, kind: type[int] | type[float]) -> int | float | None:
-    if text.lower() == "none" and option == "--max-running":
-        return None
-    try:
-        return kind(text)
-    except ValueError:
-        word = "a whole number" if kind is int else "a number"
-        raise InvalidClient(f"{option} expects {word}, got {text!r}") from None
-
-
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for name in ("rate", "child_rate"):
@@ -55,13 +45,16 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
         if text is not None:
             changes[name] = None if text.lower() == "none" else text
     if args.max_running is not None:
-        changes["max_running"] = _number(args.max_running, "--max-running", int)
+        none = args.max_running.lower() == "none"
+        changes["max_running"] = (
+            None if none else number(args.max_running, int, "--max-running", InvalidClient)
+        )
     if args.weight is not None:
-        changes["weight"] = _number(args.weight, "--weight", float)
+        changes["weight"] = number(args.weight, float, "--weight", InvalidClient)
     if args.tier is not None:
         changes["tier"] = args.tier
     if args.max_priority is not None:
-        changes["max_priority"] = _number(args.max_priority, "--max-priority", int)
+        changes["max_priority"] = number(args.max_priority, int, "--max-priority", InvalidClient)
     return changes
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, parse_vars
+from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
 from dtask.exceptions import InvalidClient, InvalidExecutionCap
@@ -117,9 +117,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         tpl.name,
         variables,
         key=args.key,
-        execution_cap=_seconds(args.execution_cap),
+        execution_cap=number(args.execution_cap, float, "--execution-cap", InvalidExecutionCap),
         client=args.client,
-        priority=_priority(args.priority),
+        priority=number(args.priority, int, "--priority", InvalidClient),
     )
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"
@@ -131,28 +131,6 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_status(run.status(), True)
     return EXIT_OK
-
-
-def _seconds(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise InvalidExecutionCap(
-            f"--execution-cap expects a number of seconds, got {text!r}"
-        ) from None
-
-
-def _priority(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidClient(
-            f"--priority expects a whole number from 0 to 9, got {text!r}"
-        ) from None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
