@@ -100,6 +100,12 @@ class Settings(BaseSettings):
         return auth
 
     @property
+    def worker_seen_within(self) -> float:
+        """Seconds since a worker last reported itself (every reaper pass) after which it no
+        longer counts as live."""
+        return max(3 * self.reaper_interval, self.lease_ttl)
+
+    @property
     def embedded_database(self) -> bool:
         return self.database_url is None
 

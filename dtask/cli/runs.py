@@ -124,6 +124,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"
         print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
+    _warn_if_nobody_consumes(tpl.options.queue, run.id)
     if args.wait:
         status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
         _print_status(status, args.json)
@@ -131,6 +132,19 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_status(run.status(), True)
     return EXIT_OK
+
+
+def _warn_if_nobody_consumes(queue: str | None, run_id: int) -> None:
+    from dtask.client.workers import slots_for
+    from dtask.worker.config import DEFAULT_QUEUE
+
+    name = queue or DEFAULT_QUEUE
+    if slots_for(name) == 0:
+        print(
+            f"dtask: note: no live worker consumes queue {name!r}; run {run_id} waits until one"
+            f" starts (`dtask worker{'' if queue is None else ' -Q ' + name}`, or `dtask up`)",
+            file=sys.stderr,
+        )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`dtask up|down|worker|beat|flower|drain|migrate|config`: processes, services and settings."""
+"""`dtask up|down|worker|workers|beat|flower|drain|migrate|config`: processes, services and
+settings."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ def register(sub: Any) -> None:
     sub.add_parser("down", help="stop the embedded PostgreSQL and Redis").set_defaults(
         handler=_cmd_down
     )
+    workers = sub.add_parser("workers", help="list the live workers: queues and child slots")
+    workers.set_defaults(handler=_cmd_workers)
+    workers.add_argument("--json", action="store_true")
     config = sub.add_parser("config", help="print the effective DTASK_* settings, secrets masked")
     config.set_defaults(handler=_cmd_config)
     config.add_argument("--json", action="store_true")
@@ -65,6 +69,24 @@ def _cmd_down(args: argparse.Namespace) -> int:
     home = load().home
     stopped = embedded.stop(home)
     print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
+    return EXIT_OK
+
+
+def _cmd_workers(args: argparse.Namespace) -> int:
+    import json
+
+    from dtask.client.workers import live_workers
+
+    found = live_workers()
+    if args.json:
+        print(json.dumps([w.as_json() for w in found]))
+        return EXIT_OK
+    if not found:
+        print("no live worker (start one with `dtask worker`, or `dtask up`)")
+        return EXIT_OK
+    print(f"{'NAME':<32} {'SLOTS':>5}  {'SEEN':>6}  QUEUES")
+    for w in found:
+        print(f"{w.name:<32} {w.slots:>5}  {w.seen_ago:>5.1f}s  {', '.join(w.queues)}")
     return EXIT_OK
 
 
@@ -168,7 +190,7 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
-    from dtask.worker import configure, drain, reaper
+    from dtask.worker import configure, drain, reaper, registry
 
     app = configure()
     services.import_database_driver()  # before any fork: see its docstring
@@ -179,6 +201,7 @@ def run_worker(extra: Sequence[str]) -> int:
             " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
             flush=True,
         )
+    registry.install()
     reaper.install()
     drain.install()
     app.worker_main(worker_argv(extra))

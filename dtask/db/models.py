@@ -23,7 +23,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from dtask.domain.clients import (
@@ -195,3 +195,17 @@ class ClientRow(Base):
             f"max_priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="max_priority"
         ),
     )
+
+
+class WorkerRow(Base):
+    """A live `dtask worker`, as its main process last reported itself: what it consumes and
+    how many children it can run at once. A row not seen for a while is a dead worker's."""
+
+    __tablename__ = "dtask_workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(String(200)))
+    slots: Mapped[int] = mapped_column(Integer)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

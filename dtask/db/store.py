@@ -12,11 +12,12 @@ from dtask.db.database import Database
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
+from dtask.db.workers import WorkerStore
 
 
 class Store:
-    """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules`` and
-    ``store.clients`` share one
+    """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules``,
+    ``store.clients`` and ``store.workers`` share one
     database (its engines); see ``Database`` for the child owners' engines."""
 
     def __init__(self, db: Database) -> None:
@@ -27,3 +28,4 @@ class Store:
         self.recovery = RecoveryStore(self.db)
         self.schedules = ScheduleStore(self.db)
         self.clients = ClientStore(self.db)
+        self.workers = WorkerStore(self.db)

@@ -31,6 +31,7 @@ from dtask import services
 from dtask.db import Store, Waiting
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
+from dtask.worker import registry
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_master
@@ -249,6 +250,7 @@ class Reaper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            failures.guard("reporting this worker", None, registry.report)
             try:
                 reap_once()
             except DtaskError as exc:

@@ -1,0 +1,77 @@
+"""Workers: each `dtask worker` main process reports itself every reaper interval; the live
+ones are those seen recently. What the dispatcher's window and `dtask workers` read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from dtask.db.database import Database, sql
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    queues: tuple[str, ...]
+    slots: int
+    pid: int
+    started_at: datetime
+    seen_ago: float  # seconds, by PostgreSQL's clock
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "queues": list(self.queues),
+            "slots": self.slots,
+            "pid": self.pid,
+            "started_at": self.started_at.isoformat(),
+            "seen_ago": round(self.seen_ago, 1),
+        }
+
+
+class WorkerStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def report(self, name: str, queues: Sequence[str], slots: int, pid: int) -> None:
+        """This worker is alive, consumes ``queues`` and runs up to ``slots`` children."""
+        with self.db.tx() as conn:
+            conn.execute(
+                sql(
+                    "INSERT INTO dtask_workers (name, queues, slots, pid)"
+                    " VALUES (:name, :queues, :slots, :pid)"
+                    " ON CONFLICT (name) DO UPDATE SET queues = excluded.queues,"
+                    " slots = excluded.slots, pid = excluded.pid, seen_at = now(),"
+                    " started_at = CASE WHEN dtask_workers.pid = excluded.pid"
+                    "   THEN dtask_workers.started_at ELSE now() END"
+                ),
+                {"name": name, "queues": sorted(queues), "slots": slots, "pid": pid},
+            )
+
+    def leave(self, name: str) -> None:
+        with self.db.tx() as conn:
+            conn.execute(sql("DELETE FROM dtask_workers WHERE name = :name"), {"name": name})
+
+    def live(self, within: float) -> list[WorkerInfo]:
+        """Workers seen in the last ``within`` seconds, by name; older rows are removed."""
+        with self.db.tx() as conn:
+            conn.execute(
+                sql(
+                    "DELETE FROM dtask_workers"
+                    " WHERE seen_at < now() - make_interval(secs => :within * 10)"
+                ),
+                {"within": within},
+            )
+            rows = conn.execute(
+                sql(
+                    "SELECT name, queues, slots, pid, started_at,"
+                    " extract(epoch FROM now() - seen_at) AS seen_ago FROM dtask_workers"
+                    " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
+                ),
+                {"within": within},
+            ).all()
+        return [
+            WorkerInfo(r.name, tuple(r.queues), r.slots, r.pid, r.started_at, float(r.seen_ago))
+            for r in rows
+        ]

@@ -1,0 +1,53 @@
+"""This worker in `dtask_workers`: reported when it is ready and on every reaper pass, removed
+when it shuts down. A worker killed without a word drops out once it has not been seen for
+``Settings.worker_seen_within`` seconds."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutting_down
+
+from dtask import services
+
+log = logging.getLogger("dtask.worker")
+_me: tuple[str, tuple[str, ...], int] | None = None
+
+
+def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
+    """(node name, queues consumed, child slots) of the worker whose consumer is ready."""
+    queues = tuple(sorted(q.name for q in consumer.task_consumer.queues))
+    controller = consumer.controller
+    scaler = getattr(controller, "autoscaler", None)
+    slots = int(scaler.max_concurrency if scaler is not None else controller.concurrency)
+    return str(consumer.hostname), queues, slots
+
+
+def report() -> None:
+    if _me is not None:
+        name, queues, slots = _me
+        services.store().workers.report(name, queues, slots, os.getpid())
+
+
+def _ready(sender: Any = None, **_: Any) -> None:
+    global _me
+    _me = describe(sender)
+    try:
+        report()
+    except Exception as exc:  # the next reaper pass reports again
+        log.warning("could not report this worker to PostgreSQL yet: %s", exc)
+
+
+def _leave(**_: Any) -> None:
+    if _me is not None:
+        try:
+            services.store().workers.leave(_me[0])
+        except Exception as exc:  # it drops out by itself once not seen
+            log.warning("could not remove this worker from PostgreSQL: %s", exc)
+
+
+def install() -> None:
+    worker_ready.connect(_ready, weak=False)
+    worker_shutting_down.connect(_leave, weak=False)
