@@ -21,6 +21,22 @@ REPO = Path(__file__).resolve().parents[1]
 DTASK = str(Path(sys.executable).with_name("dtask"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two processes) each process gets a RabbitMQ vhost
+    of its own, so two test files never share the queue `dtask`. Embedded PostgreSQL and Redis
+    are per process already (each has its own DTASK_HOME)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or "DTASK_TEST_AMQP_URL" in os.environ:
+        return
+    vhost = f"dtask-test-{worker}"
+    for argv in (["add_vhost", vhost], ["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"]):
+        try:
+            subprocess.run(["rabbitmqctl", *argv], capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return  # no rabbitmqctl: the RabbitMQ tests share the default vhost
+    os.environ["DTASK_TEST_AMQP_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+
+
 @pytest.fixture(scope="session")
 def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DTASK_* for this session, applied to this process and handed to subprocesses."""
