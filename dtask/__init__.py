@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, Tier
 from dtask.domain.context import ChildContext
+from dtask.domain.deadlines import OnLate
 from dtask.domain.params import Param
 from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
 from dtask.domain.schedules import Misfire, Overlap, Schedule, When
@@ -26,6 +27,7 @@ from dtask.exceptions import (
     DtaskError,
     ExecutionCapExceeded,
     InvalidClient,
+    InvalidDelayTolerance,
     InvalidExecutionCap,
     InvalidSchedule,
     InvalidSplit,
@@ -94,6 +96,8 @@ class _Client:
         execution_cap: float | None = None,
         client: str = DEFAULT_CLIENT,
         priority: int | None = None,
+        delay_tolerance: float | None = None,
+        on_late: OnLate | str | None = None,
     ) -> Run:
         from dtask.client.runs import submit
 
@@ -104,6 +108,8 @@ class _Client:
             execution_cap=execution_cap,
             client=client,
             priority=priority,
+            delay_tolerance=delay_tolerance,
+            on_late=on_late,
         )
 
     def schedule(
@@ -135,6 +141,7 @@ __all__ = [
     "DtaskError",
     "ExecutionCapExceeded",
     "InvalidClient",
+    "InvalidDelayTolerance",
     "InvalidExecutionCap",
     "InvalidSchedule",
     "InvalidSplit",
@@ -142,6 +149,7 @@ __all__ = [
     "KeyConflict",
     "LeaseLost",
     "Misfire",
+    "OnLate",
     "Overlap",
     "Param",
     "RangeSplit",

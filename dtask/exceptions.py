@@ -52,6 +52,10 @@ class InvalidExecutionCap(DtaskError):
     """An execution cap must be a number of seconds greater than 0."""
 
 
+class InvalidDelayTolerance(DtaskError):
+    """A delay tolerance must be a number of seconds greater than 0, on_late run or fail."""
+
+
 class ExecutionCapExceeded(DtaskError):
     """A child's attempt ran longer than its execution cap and was stopped."""
 

@@ -39,6 +39,6 @@ def number(text: str | None, kind: type[N], option: str, error: type[DtaskError]
         return kind(text)
     except ValueError:
         what = {int: "a whole number", float: "a number"}[kind]
-        if option == "--execution-cap":
+        if option in ("--execution-cap", "--delay-tolerance"):
             what += " of seconds"
         raise error(f"{option} expects {what}, got {text!r}") from None

@@ -10,7 +10,7 @@ from typing import Any
 from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
-from dtask.exceptions import InvalidClient, InvalidExecutionCap
+from dtask.exceptions import InvalidClient, InvalidDelayTolerance, InvalidExecutionCap
 
 
 def register(sub: Any) -> None:
@@ -29,6 +29,14 @@ def register(sub: Any) -> None:
     )
     submit.add_argument(
         "--priority", metavar="P", help="0 (lowest) to 9 (highest), default 5; capped by client"
+    )
+    submit.add_argument(
+        "--delay-tolerance",
+        metavar="SECONDS",
+        help="how late its first child may start; past that the run is marked late",
+    )
+    submit.add_argument(
+        "--on-late", choices=["run", "fail"], help="a late run still runs (default) or fails"
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
@@ -79,6 +87,9 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     print(f"run {status.id}  {status.template}  {status.state.value}")
     print(f"  key        {status.key}")
     print(f"  client     {status.client}, priority {status.priority}")
+    if status.deadline:
+        verdict = {None: "", True: " (late)", False: " (started in time)"}[status.late]
+        print(f"  deadline   {status.deadline:%Y-%m-%d %H:%M:%S %Z}{verdict}")
     print(f"  variables  {json.dumps(status.variables)}")
     print(
         f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
@@ -120,6 +131,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         execution_cap=number(args.execution_cap, float, "--execution-cap", InvalidExecutionCap),
         client=args.client,
         priority=number(args.priority, int, "--priority", InvalidClient),
+        delay_tolerance=number(
+            args.delay_tolerance, float, "--delay-tolerance", InvalidDelayTolerance
+        ),
+        on_late=args.on_late,
     )
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"

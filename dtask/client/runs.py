@@ -9,6 +9,7 @@ from typing import Any
 
 from dtask import services
 from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority
+from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
@@ -86,19 +87,26 @@ def submit(
     execution_cap: float | None = None,
     client: str = DEFAULT_CLIENT,
     priority: int | None = None,
+    delay_tolerance: float | None = None,
+    on_late: OnLate | str | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
-    ``execution_cap`` (seconds) overrides the template's cap on each child's attempts. The run
-    is charged to ``client`` (RateLimited when its rate limits refuse it, ClientNotFound for a
-    client never set up); ``priority`` 0 to 9 (default 5) is capped at the client's maximum.
+    ``execution_cap`` (seconds) overrides the template's cap on each child's attempts;
+    ``delay_tolerance`` (seconds) and ``on_late`` ("run" or "fail") the template's deadline
+    to start (see docs/scheduling.md). The run is charged to ``client`` (RateLimited when
+    its rate limits refuse it, ClientNotFound for a client never set up); ``priority`` 0 to
+    9 (default 5) is capped at the client's maximum.
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
     configure()
     config = services.current().settings
     tpl = registry.get(template)
-    cap = check_execution_cap(execution_cap, f"run of template {tpl.name!r}")
+    where = f"run of template {tpl.name!r}"
+    cap = check_execution_cap(execution_cap, where)
+    tolerance = check_delay_tolerance(delay_tolerance, where) or tpl.options.delay_tolerance
+    late_policy = tpl.options.on_late if on_late is None else on_late_of(on_late, where)
     check_name(client)
     if priority is not None:
         check_priority(priority)
@@ -115,6 +123,8 @@ def submit(
         client=client,
         priority=priority,
         expected_children=children,
+        delay_tolerance=tolerance,
+        on_late=late_policy,
     )
     if created or store.runs.get(run_id).state is RunState.PENDING:
         try:

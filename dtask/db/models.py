@@ -34,6 +34,7 @@ from dtask.domain.clients import (
     PERIODS,
     Tier,
 )
+from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import ChildState, RunState
 from dtask.domain.schedules import Misfire, Overlap
 
@@ -47,7 +48,12 @@ NAMING = {
 
 
 def _one_of(
-    values: type[RunState] | type[ChildState] | type[Misfire] | type[Overlap] | type[Tier],
+    values: type[RunState]
+    | type[ChildState]
+    | type[Misfire]
+    | type[Overlap]
+    | type[Tier]
+    | type[OnLate],
     column: str = "state",
 ) -> str:
     return f"{column} IN (" + ", ".join(f"'{v.value}'" for v in values) + ")"
@@ -78,6 +84,10 @@ class RunRow(Base):
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text(str(DEFAULT_PRIORITY)))
     # what a child rate limit charged at submit (a split that cannot count: NULL, then child_total)
     expected_children: Mapped[int | None] = mapped_column(Integer)
+    delay_tolerance: Mapped[float | None] = mapped_column(Float)
+    deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    on_late: Mapped[str] = mapped_column(String(8), server_default=OnLate.RUN.value)
+    late: Mapped[bool | None] = mapped_column(Boolean)  # NULL: not decided yet
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     schedule: Mapped[str | None] = mapped_column(String(100))
@@ -93,6 +103,8 @@ class RunRow(Base):
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
         Index(None, "client", "created_at"),
+        Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),
+        CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(
             f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"
         ),

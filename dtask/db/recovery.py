@@ -1,16 +1,18 @@
 """The reaper's queries: one reaper's turn cluster-wide, expired leases, stalled and stuck
-runs, runs whose chord callback never ran."""
+runs, runs whose chord callback never ran, runs past their deadline."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row
 
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
+from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
 from dtask.exceptions import LeaseLost
 
@@ -169,6 +171,50 @@ class RecoveryStore:
             ).all()
         return [int(r.id) for r in rows]
 
+    def take_late(self, limit: int = 1000) -> list[LateRun]:
+        """Decide the runs whose deadline has passed: on time if a child started by it, late
+        otherwise; a late run with ``on_late = 'fail'`` is failed (its children never start).
+        Each run is decided once."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "SELECT r.id, r.deadline, r.delay_tolerance, r.on_late, EXISTS ("
+                    "   SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
+                    "   AND c.started_at <= r.deadline) AS on_time"
+                    " FROM dtask_runs r WHERE r.late IS NULL AND r.deadline < now()"
+                    " AND r.state IN ('pending', 'splitting', 'running')"
+                    " ORDER BY r.deadline LIMIT :limit FOR UPDATE SKIP LOCKED"
+                ),
+                {"limit": limit},
+            ).all()
+            if not rows:
+                return []
+            conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET late = NOT d.on_time FROM (SELECT"
+                    " unnest(CAST(:ids AS bigint[])) AS id,"
+                    " unnest(CAST(:on_time AS boolean[])) AS on_time) d"
+                    " WHERE dtask_runs.id = d.id"
+                ),
+                {"ids": [r.id for r in rows], "on_time": [r.on_time for r in rows]},
+            )
+            late = [r for r in rows if not r.on_time]
+            failed = {
+                r.id: late_error(r.delay_tolerance, r.deadline)
+                for r in late
+                if r.on_late == OnLate.FAIL.value
+            }
+            for run_id, error in failed.items():
+                conn.execute(
+                    sql(
+                        "UPDATE dtask_runs SET state = 'failed', error = :error,"
+                        " finished_at = now(), updated_at = now()"
+                        " WHERE id = :id AND state IN ('pending', 'splitting', 'running')"
+                    ),
+                    {"id": run_id, "error": error},
+                )
+        return [LateRun(r.id, r.deadline, r.delay_tolerance, r.id in failed) for r in late]
+
 
 def _redispatch(row: Row[Any]) -> Redispatch:
     return Redispatch(
@@ -179,3 +225,11 @@ def _redispatch(row: Row[Any]) -> Redispatch:
         group_id=row.group_id,
         queue=row.queue,
     )
+
+
+@dataclass(frozen=True)
+class LateRun:
+    run_id: int
+    deadline: datetime
+    tolerance: float
+    failed: bool  # on_late = 'fail': failed instead of running late

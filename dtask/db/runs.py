@@ -14,12 +14,13 @@ from sqlalchemy import Connection, Row
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
 from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY
+from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
 from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
-    " client, priority"
+    " client, priority, deadline, late"
 )
 
 
@@ -52,6 +53,8 @@ class NewRun:
     client: str = DEFAULT_CLIENT
     priority: int = DEFAULT_PRIORITY
     expected_children: int | None = None
+    delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
+    on_late: OnLate = OnLate.RUN
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -61,13 +64,15 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
         sql(
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
-            " execution_cap, client, priority, expected_children, created_at)"
+            " execution_cap, client, priority, expected_children, created_at,"
+            " delay_tolerance, on_late, deadline)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
             " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
-            " clock_timestamp())"
+            " clock_timestamp(), :delay_tolerance, :on_late,"
+            " coalesce(:slot, clock_timestamp()) + make_interval(secs => :delay_tolerance))"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
-        {**asdict(run), "variables": json.dumps(run.variables)},
+        {**asdict(run), "variables": json.dumps(run.variables), "on_late": run.on_late.value},
     ).first()
     return None if row is None else int(row.id)
 
@@ -88,6 +93,8 @@ class RunStore:
         client: str = DEFAULT_CLIENT,
         priority: int | None = None,
         expected_children: int | None = None,
+        delay_tolerance: float | None = None,
+        on_late: OnLate = OnLate.RUN,
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created).
 
@@ -105,6 +112,7 @@ class RunStore:
                     template, key, variables, max_attempts, queue,
                     execution_cap=execution_cap, client=charged.name,
                     priority=charged.priority_for(priority), expected_children=expected_children,
+                    delay_tolerance=delay_tolerance, on_late=on_late,
                 )  # fmt: skip
                 created = insert_run(conn, new)
                 if created is not None:
@@ -414,4 +422,6 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         slot=row.slot,
         client=row.client,
         priority=row.priority,
+        deadline=row.deadline,
+        late=row.late,
     )

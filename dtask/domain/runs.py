@@ -116,6 +116,8 @@ class RunStatus:
     slot: datetime | None = None
     client: str = DEFAULT_CLIENT
     priority: int = DEFAULT_PRIORITY
+    deadline: datetime | None = None  # to start by: submit time (or slot) + delay tolerance
+    late: bool | None = None  # None: not decided yet (or no deadline)
 
     @property
     def finished(self) -> bool:
@@ -136,6 +138,8 @@ class RunStatus:
             "slot": iso(self.slot) if self.slot else None,
             "client": self.client,
             "priority": self.priority,
+            "deadline": self.deadline.isoformat() if self.deadline else None,
+            "late": bool(self.late),
         }
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
 from dtask.domain.clients import DEFAULT_CLIENT
+from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.params import Param, as_param
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
 from dtask.domain.splitting import SplitStrategy, check_count, check_specs
@@ -98,6 +99,8 @@ class TemplateOptions:
     checkpoint_interval: float | None = None
     checkpoint_every: int | None = None
     execution_cap: float | None = None  # seconds an attempt may run; a run may override it
+    delay_tolerance: float | None = None  # seconds a run may wait to start; a run may override
+    on_late: OnLate = OnLate.RUN
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ class Template:
         if self.options.max_attempts < 1:
             raise TemplateDefinitionError(f"template {self.name!r}: max_attempts must be >= 1")
         check_execution_cap(self.options.execution_cap, f"template {self.name!r}")
+        check_delay_tolerance(self.options.delay_tolerance, f"template {self.name!r}")
+        on_late_of(self.options.on_late, f"template {self.name!r}")
         try:
             json.dumps(self.skeleton)
         except (TypeError, ValueError) as exc:
@@ -210,9 +215,12 @@ class Template:
         execution_cap: float | None = None,
         client: str = DEFAULT_CLIENT,
         priority: int | None = None,
+        delay_tolerance: float | None = None,
+        on_late: OnLate | str | None = None,
     ) -> RunHandle:
-        """Trigger one run; ``execution_cap`` (seconds) overrides the template's for it. The
-        run is charged to ``client`` and gets ``priority`` (see ``dtask.submit``)."""
+        """Trigger one run; ``execution_cap``, ``delay_tolerance`` and ``on_late`` override the
+        template's for it. The run is charged to ``client`` and gets ``priority`` (see
+        ``dtask.submit``)."""
         return launcher().submit(
             self.name,
             dict(variables or {}),
@@ -220,6 +228,8 @@ class Template:
             execution_cap=execution_cap,
             client=client,
             priority=priority,
+            delay_tolerance=delay_tolerance,
+            on_late=on_late,
         )
 
     def delay(self, **variables: Any) -> RunHandle:
@@ -278,6 +288,8 @@ class Launcher(Protocol):
         execution_cap: float | None = None,
         client: str = DEFAULT_CLIENT,
         priority: int | None = None,
+        delay_tolerance: float | None = None,
+        on_late: OnLate | str | None = None,
     ) -> RunHandle: ...
 
     def schedule(
@@ -358,6 +370,8 @@ def template(
     checkpoint_interval: float | None = None,
     checkpoint_every: int | None = None,
     execution_cap: float | None = None,
+    delay_tolerance: float | None = None,
+    on_late: OnLate | str = OnLate.RUN,
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README)."""
 
@@ -375,6 +389,8 @@ def template(
                     checkpoint_interval=checkpoint_interval,
                     checkpoint_every=checkpoint_every,
                     execution_cap=execution_cap,
+                    delay_tolerance=delay_tolerance,
+                    on_late=on_late_of(on_late, f"template {name!r}"),
                 ),
             )
         )

@@ -172,6 +172,14 @@ def reap_once() -> Pass:
                 if guard("re-sending the master", run_id, partial(_send_master, run_id, sender)):
                     unstuck += 1
                     log.warning("reaper: run %s stuck in %s, its master re-sent", run_id, state)
+        if budget.left():
+            for late in guard("deciding runs past their deadline", None, recovery.take_late) or []:
+                log.warning(
+                    "reaper: run %s is late: none of its children started by its deadline %s"
+                    " (delay tolerance %g s)%s",
+                    late.run_id, late.deadline.isoformat(timespec="seconds"), late.tolerance,
+                    "; failed instead of running late (on_late=fail)" if late.failed else "",
+                )  # fmt: skip
         resent = 0
         if budget.left() and LostMessages.due(config.stall_timeout):
             lost = partial(_resend, store, config, budget, sender)

@@ -10,7 +10,7 @@ import pytest
 
 from dtask import services
 from dtask.client.clients import get_client, list_clients, remove_client, set_client
-from dtask.db import Store
+from dtask.db import Claim, Store
 from dtask.exceptions import ClientNotFound, RateLimited
 
 
@@ -110,3 +110,33 @@ def test_unknown_clients_are_refused_and_default_always_exists(store: Store) -> 
         create(store, client)
     with pytest.raises(ClientNotFound):
         remove_client(client)
+
+
+def test_runs_past_their_deadline_are_decided_once(store: Store) -> None:
+    import time
+
+    from dtask.domain.deadlines import OnLate
+    from dtask.domain.runs import RunState
+
+    def create_late(on_late: OnLate) -> int:
+        run_id, _ = store.runs.create(
+            "t", f"test:{uuid.uuid4()}", {}, 3, None, delay_tolerance=0.2, on_late=on_late
+        )
+        return run_id
+
+    late_runs, late_fails = create_late(OnLate.RUN), create_late(OnLate.FAIL)
+    on_time = create_late(OnLate.FAIL)
+    store.runs.split(on_time, lambda run: [{"i": 0}])
+    store.runs.dispatch(on_time, lambda run, children: None)
+    assert isinstance(store.children.claim(on_time, 0, "me", 30), Claim)  # starts in time
+    time.sleep(0.3)
+    decided = {late.run_id: late for late in store.recovery.take_late()}
+    assert decided[late_runs].failed is False and decided[late_fails].failed is True
+    assert on_time not in decided
+    assert store.recovery.take_late() == []  # each run is decided once
+    runs = {r: store.runs.status(r) for r in (late_runs, late_fails, on_time)}
+    assert (runs[late_runs].state, runs[late_runs].late) == (RunState.PENDING, True)
+    assert (runs[late_fails].state, runs[late_fails].late) == (RunState.FAILED, True)
+    assert "not started within its delay tolerance of 0.2 s" in (runs[late_fails].error or "")
+    assert (runs[on_time].state, runs[on_time].late) == (RunState.RUNNING, False)
+    assert runs[on_time].as_json()["deadline"] is not None
