@@ -88,6 +88,8 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
             queue=tpl.options.queue,
             schedule=schedule.name,
             slot=slot,
+            delay_tolerance=tpl.options.delay_tolerance,  # the deadline: slot + tolerance
+            on_late=tpl.options.on_late,
         )
         for slot in tick.fire
     ]

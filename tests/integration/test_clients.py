@@ -140,3 +140,17 @@ def test_runs_past_their_deadline_are_decided_once(store: Store) -> None:
     assert "not started within its delay tolerance of 0.2 s" in (runs[late_fails].error or "")
     assert (runs[on_time].state, runs[on_time].late) == (RunState.RUNNING, False)
     assert runs[on_time].as_json()["deadline"] is not None
+
+
+def test_a_slot_run_s_deadline_counts_from_its_slot(store: Store) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from dtask.db import NewRun
+    from dtask.db.runs import insert_run
+
+    slot = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
+    run = NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, slot=slot, delay_tolerance=600)
+    with store.db.tx() as conn:
+        run_id = insert_run(conn, run)
+    assert run_id is not None
+    assert store.runs.status(run_id).deadline == slot + timedelta(minutes=10)
