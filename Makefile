@@ -33,7 +33,7 @@ unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
 
 test: lint typecheck
-	$(BIN)/pytest -q --durations=25 -n 2 --dist loadfile
+	$(BIN)/pytest -q --durations=25
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     reaper_interval: float = Field(1.0, ge=0.1)
     stall_timeout: float = Field(15.0, ge=1.0)
     resend_batch: int = Field(100, ge=1)
+    dispatch: Literal["all", "window"] = "all"
+    dispatch_window: int | None = Field(None, ge=1)
+    dispatch_interval: float = Field(0.05, ge=0.005, le=5.0)
     drain_grace: float = Field(5.0, ge=0.0)
     execution_cap_grace: float = Field(5.0, ge=0.0)
     checkpoint_interval: float = Field(1.0, ge=0.0)
@@ -160,6 +163,12 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
     "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
     "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
+    "DTASK_DISPATCH": (
+        "all",
+        "all: a split sends every child; window: the dispatcher keeps a bounded window",
+    ),
+    "DTASK_DISPATCH_WINDOW": ("per slots", "messages a queue may hold (window mode)"),
+    "DTASK_DISPATCH_INTERVAL": ("0.05", "seconds between dispatcher passes while work waits"),
     "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
     "DTASK_EXECUTION_CAP_GRACE": (
         "5",

@@ -164,7 +164,11 @@ class Relay:
     def _connect(self) -> socket.socket:
         if isinstance(self.target, str):
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(self.target)
+            try:
+                upstream.connect(self.target)  # fails while the service restarts
+            except OSError:
+                upstream.close()
+                raise
             return upstream
         return socket.create_connection(self.target)
 

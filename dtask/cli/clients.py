@@ -10,8 +10,8 @@ from dtask.cli.base import EXIT_OK, Parser, number
 from dtask.domain.clients import Client, Tier
 from dtask.exceptions import InvalidClient
 
-# enforced by the dispatcher (issue 16, next step): stored and shown until then
-NOT_YET_ENFORCED = ("max_running", "weight", "tier", "max_priority")
+WINDOW_ONLY = ("max_running", "weight")  # enforced by the dispatcher (DTASK_DISPATCH=window)
+NOT_YET_ENFORCED = ("tier",)
 
 
 def register(sub: Any) -> None:
@@ -71,8 +71,25 @@ def _print(client: Client, as_json: bool) -> None:
         print(f"  {name.replace('_', ' '):<20}{value}")
 
 
-def _cmd_client(args: argparse.Namespace) -> int:
+def _note_what_is_not_enforced(changes: dict[str, Any]) -> None:
     import sys
+
+    from dtask import services
+
+    def options(names: tuple[str, ...]) -> list[str]:
+        return [f"--{n.replace('_', '-')}" for n in names if n in changes]
+
+    if services.current().settings.dispatch != "window" and options(WINDOW_ONLY):
+        print(
+            f"dtask: note: {', '.join(options(WINDOW_ONLY))} saved; only the dispatcher"
+            " enforces it (DTASK_DISPATCH=window on the workers)",
+            file=sys.stderr,
+        )
+    if options(NOT_YET_ENFORCED):
+        print("dtask: note: --tier saved; tiers are not enforced yet", file=sys.stderr)
+
+
+def _cmd_client(args: argparse.Namespace) -> int:
 
     from dtask.client import clients
 
@@ -80,13 +97,7 @@ def _cmd_client(args: argparse.Namespace) -> int:
         changes = _changes(args)
         client = clients.set_client(args.name, **changes)
         _print(client, args.json)
-        later = [f"--{n.replace('_', '-')}" for n in NOT_YET_ENFORCED if n in changes]
-        if later:
-            print(
-                f"dtask: note: {', '.join(later)} saved; dispatch enforces it once the"
-                " scheduler lands (rate limits apply now)",
-                file=sys.stderr,
-            )
+        _note_what_is_not_enforced(changes)
     elif args.op == "list":
         listed = clients.list_clients()
         if args.json:

@@ -190,7 +190,7 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
-    from dtask.worker import configure, drain, reaper, registry
+    from dtask.worker import configure, dispatcher, drain, reaper, registry
 
     app = configure()
     services.import_database_driver()  # before any fork: see its docstring
@@ -203,6 +203,7 @@ def run_worker(extra: Sequence[str]) -> int:
         )
     registry.install()
     reaper.install()
+    dispatcher.install()
     drain.install()
     app.worker_main(worker_argv(extra))
     return EXIT_OK

@@ -20,7 +20,7 @@ _COLUMNS = (
 )
 
 
-def _client(row: Row[Any]) -> Client:
+def client_from_row(row: Row[Any]) -> Client:
     return Client(
         name=row.name,
         rate=None if row.rate_count is None else Rate(row.rate_count, row.rate_period),
@@ -47,7 +47,7 @@ def lock_client(conn: Connection, name: str) -> Client:
         if name != DEFAULT_CLIENT:
             raise _missing(name)
         return Client(DEFAULT_CLIENT)
-    return _client(row)
+    return client_from_row(row)
 
 
 def check_rates(conn: Connection, client: Client, children: int | None) -> None:
@@ -99,13 +99,13 @@ class ClientStore:
                     raise _missing(name)
                 client = Client(DEFAULT_CLIENT)
             else:
-                client = _client(row)
+                client = client_from_row(row)
             return Client(**{**vars(client), "usage": self._usage(conn, client)})
 
     def list(self) -> list[Client]:
         with self.db.tx() as conn:
             rows = conn.execute(sql(f"SELECT {_COLUMNS} FROM dtask_clients ORDER BY name")).all()
-        clients = [_client(r) for r in rows]
+        clients = [client_from_row(r) for r in rows]
         if all(c.name != DEFAULT_CLIENT for c in clients):
             clients.insert(0, Client(DEFAULT_CLIENT))
         return clients

@@ -88,6 +88,7 @@ class RunRow(Base):
     deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     on_late: Mapped[str] = mapped_column(String(8), server_default=OnLate.RUN.value)
     late: Mapped[bool | None] = mapped_column(Boolean)  # NULL: not decided yet
+    unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     schedule: Mapped[str | None] = mapped_column(String(100))
@@ -105,6 +106,7 @@ class RunRow(Base):
         Index(None, "client", "created_at"),
         Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
+        Index(None, "unsent", postgresql_where=text("unsent > 0")),
         CheckConstraint(
             f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"
         ),
@@ -129,8 +131,11 @@ class ChildRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    # when its latest message was published: a pending child not claimed long after is lost
-    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # when its latest message was published: a pending child not claimed long after is lost;
+    # NULL: waiting in PostgreSQL for the dispatcher (DTASK_DISPATCH=window)
+    sent_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
 
     __table_args__ = (
         UniqueConstraint("run_id", "index"),
@@ -139,6 +144,9 @@ class ChildRow(Base):
         Index(None, "run_id", "state"),
         Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
         Index(None, "sent_at", postgresql_where=text("state = 'pending'")),
+        Index(
+            None, "run_id", "index", postgresql_where=text("state = 'pending' AND sent_at IS NULL")
+        ),
     )
 
 

@@ -88,7 +88,7 @@ class RecoveryStore:
                 ),
                 {"limit": limit},
             ).all()
-        return [_redispatch(r) for r in rows if r.resend]
+        return [redispatch_from_row(r) for r in rows if r.resend]
 
     def waiting(self, stall: float) -> list[Waiting]:
         """Per queue of running runs: how many children are pending (their messages should be
@@ -102,7 +102,8 @@ class RecoveryStore:
                     "   AND c.sent_at < now() - make_interval(secs => :stall)) AS overdue,"
                     " count(*) FILTER (WHERE c.state <> 'pending') AS started"
                     " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE r.state = 'running' AND (c.state = 'pending'"
+                    " WHERE r.state = 'running'"
+                    " AND ((c.state = 'pending' AND c.sent_at IS NOT NULL)"  # unsent: not lost
                     "   OR c.started_at > now() - make_interval(secs => :stall))"
                     " GROUP BY r.queue"
                 ),
@@ -132,7 +133,7 @@ class RecoveryStore:
                 ),
                 {"queue": queue, "stall": stall, "limit": limit},
             ).all()
-        return [_redispatch(r) for r in rows]
+        return [redispatch_from_row(r) for r in rows]
 
     def take_stuck(self, stall: float, limit: int = 100) -> list[tuple[int, RunState]]:
         """Runs left in pending/splitting for ``stall`` seconds whose master is not working on
@@ -216,7 +217,7 @@ class RecoveryStore:
         return [LateRun(r.id, r.deadline, r.delay_tolerance, r.id in failed) for r in late]
 
 
-def _redispatch(row: Row[Any]) -> Redispatch:
+def redispatch_from_row(row: Row[Any]) -> Redispatch:
     return Redispatch(
         run_id=int(row.run_id),
         index=int(row._mapping["index"]),

@@ -176,11 +176,13 @@ class RunStore:
         run_id: int,
         plan: Callable[[RunRecord], Sequence[dict[str, Any]]],
         wait: bool = True,
+        deferred: bool = False,
     ) -> RunState:
         """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
 
         If ``plan`` raises a DtaskError the run is failed with its message. With
-        ``wait=False`` a run whose lock is held (a master is on it) is left alone.
+        ``wait=False`` a run whose lock is held (a master is on it) is left alone. With
+        ``deferred`` the children wait unsent for the dispatcher (DTASK_DISPATCH=window).
         """
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
@@ -193,41 +195,49 @@ class RunStore:
             except DtaskError as exc:
                 self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
                 return RunState.FAILED
-            self._insert_children(conn, run_id, run.max_attempts, specs)
+            self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
             conn.execute(
                 sql(
                     "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
+                    " unsent = CASE WHEN :deferred THEN :total ELSE 0 END,"
                     " chord_size = :total, dispatches = dispatches + 1,"
                     " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
                     " started_at = coalesce(started_at, now()), updated_at = now()"
                     " WHERE id = :id AND state = 'pending'"
                 ),
-                {"id": run_id, "total": len(specs)},
+                {"id": run_id, "total": len(specs), "deferred": deferred},
             )
             return RunState.SPLITTING
 
     @staticmethod
     def _insert_children(
-        conn: Connection, run_id: int, max_attempts: int, specs: Sequence[dict[str, Any]]
+        conn: Connection,
+        run_id: int,
+        max_attempts: int,
+        specs: Sequence[dict[str, Any]],
+        deferred: bool,
     ) -> None:
         raw = conn.connection.driver_connection
         assert raw is not None
+        columns = "run_id, index, spec, max_attempts" + (", sent_at" if deferred else "")
         with (
             raw.cursor() as cursor,
-            cursor.copy(
-                "COPY dtask_children (run_id, index, spec, max_attempts) FROM STDIN"
-            ) as copy,
+            cursor.copy(f"COPY dtask_children ({columns}) FROM STDIN") as copy,
         ):
             for index, spec in enumerate(specs):
-                copy.write_row((run_id, index, json.dumps(spec), max_attempts))
+                row = (run_id, index, json.dumps(spec), max_attempts)
+                copy.write_row((*row, None) if deferred else row)
 
     def dispatch(
         self,
         run_id: int,
         send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None],
         wait: bool = True,
+        deferred: bool = False,
     ) -> RunState:
         """splitting -> running: ``send`` the chord of unfinished children, under the run's lock.
+        With ``deferred``, ``send`` gets no children (it fixes the chord's size): its pending
+        children wait unsent for the dispatcher.
 
         The chord's group id and size were fixed when the group was created (split or rerun).
         A master that died mid-send left the run in ``splitting``; the next master message
@@ -239,6 +249,10 @@ class RunStore:
             run = self._record(conn, run_id)
             if run.state is not RunState.SPLITTING:
                 return run.state
+            if deferred:
+                self._defer_pending(conn, run_id)
+                send(run, [])
+                return self._running(conn, run_id)
             # sent now: children split long ago (a stuck run, a rerun) must not look lost
             conn.execute(
                 sql(
@@ -258,14 +272,37 @@ class RunStore:
                 )
             ]
             send(run, children)
-            conn.execute(
-                sql(
-                    "UPDATE dtask_runs SET state = 'running', updated_at = now()"
-                    " WHERE id = :id AND state = 'splitting'"
-                ),
-                {"id": run_id},
-            )
-            return RunState.RUNNING
+            return self._running(conn, run_id)
+
+    @staticmethod
+    def _running(conn: Connection, run_id: int) -> RunState:
+        conn.execute(
+            sql(
+                "UPDATE dtask_runs SET state = 'running', updated_at = now()"
+                " WHERE id = :id AND state = 'splitting'"
+            ),
+            {"id": run_id},
+        )
+        return RunState.RUNNING
+
+    @staticmethod
+    def _defer_pending(conn: Connection, run_id: int) -> None:
+        """Every pending child of the run waits for the dispatcher (a rerun's, a stuck run's
+        children that were sent long ago are sent again by it)."""
+        conn.execute(
+            sql(
+                "UPDATE dtask_children SET sent_at = NULL WHERE run_id = :id"
+                " AND state = 'pending' AND sent_at IS NOT NULL"
+            ),
+            {"id": run_id},
+        )
+        conn.execute(
+            sql(
+                "UPDATE dtask_runs SET unsent = (SELECT count(*) FROM dtask_children"
+                " WHERE run_id = :id AND state = 'pending' AND sent_at IS NULL) WHERE id = :id"
+            ),
+            {"id": run_id},
+        )
 
     def cancel(self, run_id: int) -> RunState:
         """pending|splitting|running -> cancelled. Pending children never start; running ones

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dtask.db.children import ChildStore
 from dtask.db.clients import ClientStore
 from dtask.db.database import Database
+from dtask.db.dispatch import DispatchStore
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
@@ -17,7 +18,7 @@ from dtask.db.workers import WorkerStore
 
 class Store:
     """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules``,
-    ``store.clients`` and ``store.workers`` share one
+    ``store.clients``, ``store.workers`` and ``store.dispatch`` share one
     database (its engines); see ``Database`` for the child owners' engines."""
 
     def __init__(self, db: Database) -> None:
@@ -29,3 +30,4 @@ class Store:
         self.schedules = ScheduleStore(self.db)
         self.clients = ClientStore(self.db)
         self.workers = WorkerStore(self.db)
+        self.dispatch = DispatchStore(self.db)

@@ -34,7 +34,7 @@ from dtask.exceptions import (
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import drain, links, runaway
+from dtask.worker import dispatcher, drain, links, runaway
 from dtask.worker.app import app
 from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
 from dtask.worker.heartbeat import Heartbeat
@@ -107,9 +107,12 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
             ) from None
         return template.plan(run.variables, settings.max_children)
 
-    state = store.runs.split(run_id, plan, wait=wait)
+    deferred = settings.dispatch == "window"  # the dispatcher sends the children
+    state = store.runs.split(run_id, plan, wait=wait, deferred=deferred)
     if state is RunState.SPLITTING:
-        state = store.runs.dispatch(run_id, send_chord, wait=wait)
+        state = store.runs.dispatch(run_id, send_chord, wait=wait, deferred=deferred)
+        if deferred and state is RunState.RUNNING:
+            dispatcher.nudge()
     return state
 
 

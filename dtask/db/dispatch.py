@@ -1,0 +1,126 @@
+"""The dispatcher's queries (DTASK_DISPATCH=window): what waits in PostgreSQL, what is out in
+the broker, and taking the next children of a run to send. One dispatcher at a time: each
+pass runs in one transaction holding a cluster-wide advisory lock, and publishes before it
+commits (a crash in between only re-sends; the claim's fence drops the copy)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from dtask.db.clients import client_from_row
+from dtask.db.database import DISPATCH_LOCK, Database, sql
+from dtask.db.recovery import Redispatch, redispatch_from_row
+from dtask.domain.dispatch import Demand, Share
+
+
+@dataclass(frozen=True)
+class Out:
+    """What one queue has out now."""
+
+    queued: int  # sent, not yet claimed: in the broker (or a worker's prefetch)
+    running: int
+
+
+class DispatchPass:
+    """One pass's view and actions, inside its transaction."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def demands(self) -> dict[str | None, list[Demand]]:
+        """Runs with unsent children, per queue."""
+        rows = self.conn.execute(
+            sql(
+                "SELECT id, client, priority, deadline, unsent, queue FROM dtask_runs"
+                " WHERE unsent > 0 AND state = 'running'"
+            )
+        ).all()
+        found: dict[str | None, list[Demand]] = {}
+        for r in rows:
+            demand = Demand(r.id, r.client, r.priority, r.deadline, r.unsent)
+            found.setdefault(r.queue, []).append(demand)
+        return found
+
+    def out(self) -> tuple[dict[str | None, Out], dict[str, int]]:
+        """Per queue what is out (queued, running), and per client its children out."""
+        rows = self.conn.execute(
+            sql(
+                "SELECT r.queue, r.client,"
+                " count(*) FILTER (WHERE c.state = 'pending') AS queued,"
+                " count(*) FILTER (WHERE c.state = 'running') AS running"
+                " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
+                " WHERE r.state = 'running' AND (c.state = 'running'"
+                "   OR (c.state = 'pending' AND c.sent_at IS NOT NULL))"
+                " GROUP BY r.queue, r.client"
+            )
+        ).all()
+        queues: dict[str | None, Out] = {}
+        clients: dict[str, int] = {}
+        for r in rows:
+            seen = queues.get(r.queue, Out(0, 0))
+            queues[r.queue] = Out(seen.queued + r.queued, seen.running + r.running)
+            clients[r.client] = clients.get(r.client, 0) + r.queued + r.running
+        return queues, clients
+
+    def shares(self, names: set[str], out: dict[str, int]) -> dict[str, Share]:
+        rows = self.conn.execute(
+            sql(
+                "SELECT name, rate_count, rate_period, child_rate_count, child_rate_period,"
+                " max_running, weight, tier, max_priority FROM dtask_clients"
+                " WHERE name = ANY(:names)"
+            ),
+            {"names": sorted(names)},
+        ).all()
+        clients = {r.name: client_from_row(r) for r in rows}
+        return {
+            name: Share(c.weight, c.max_running, out.get(name, 0)) if c else Share(1.0, None, 0)
+            for name in names
+            for c in [clients.get(name)]
+        }
+
+    def take(self, run_id: int, count: int) -> list[Redispatch]:
+        """The run's next ``count`` unsent children, in index order, marked sent now."""
+        rows = self.conn.execute(
+            sql(
+                "UPDATE dtask_children c SET sent_at = now() FROM dtask_runs r"
+                " WHERE c.id IN (SELECT id FROM dtask_children WHERE run_id = :run"
+                "   AND state = 'pending' AND sent_at IS NULL ORDER BY index LIMIT :n)"
+                " AND r.id = c.run_id"
+                " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+            ),
+            {"run": run_id, "n": count},
+        ).all()
+        if len(rows) == count:
+            self.conn.execute(
+                sql("UPDATE dtask_runs SET unsent = greatest(unsent - :n, 0) WHERE id = :run"),
+                {"run": run_id, "n": count},
+            )
+        else:  # the count was off (a stray old message claimed one): count again
+            self.conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET unsent = (SELECT count(*) FROM dtask_children"
+                    " WHERE run_id = :run AND state = 'pending' AND sent_at IS NULL)"
+                    " WHERE id = :run"
+                ),
+                {"run": run_id},
+            )
+        return [redispatch_from_row(r) for r in rows]
+
+
+class DispatchStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @contextmanager
+    def turn(self) -> Iterator[DispatchPass | None]:
+        """A pass if this caller holds the dispatcher's turn now (None otherwise); what it
+        takes is committed when the block ends without an exception."""
+        with self.db.tx() as conn:
+            mine = conn.execute(
+                sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": DISPATCH_LOCK}
+            ).scalar()
+            yield DispatchPass(conn) if mine else None

@@ -1,0 +1,115 @@
+"""The dispatch rule: which waiting children go into the broker's bounded window next.
+
+Pure: the dispatcher (dtask/worker/dispatcher.py) reads the runs with unsent children from
+PostgreSQL, asks :func:`plan` how many of each to send, and sends them.
+
+Order, per free place in the window:
+1. priority, highest first;
+2. within a priority, earliest deadline first (runs without a deadline after those with one);
+3. then weighted fair share between clients, by stride scheduling: each child sent adds
+   ``1 / weight`` to its client's *pass*, and the client with the lowest pass goes next; a
+   client that (re)appears starts at the lowest pass of those waiting, so it neither starves
+   the others nor is starved by their past;
+4. then the same between the runs of one client (equal weights), then the lower run id.
+
+A client at its ``max_running`` (children running or in the broker) is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A run with children waiting in PostgreSQL."""
+
+    run_id: int
+    client: str
+    priority: int
+    deadline: datetime | None
+    unsent: int  # children not yet sent
+
+
+@dataclass(frozen=True)
+class Share:
+    """A client's part in the rule: its weight, its cap, what it has out now."""
+
+    weight: float = 1.0
+    max_running: int | None = None
+    in_flight: int = 0  # its children running or in the broker
+
+    @property
+    def room(self) -> float:
+        return math.inf if self.max_running is None else max(0, self.max_running - self.in_flight)
+
+
+@dataclass
+class Passes:
+    """The fair-share state the dispatcher keeps between plans: one pass per client and per
+    run. Forgetting it (a new dispatcher after a hand-off) only restarts the sharing."""
+
+    clients: dict[str, float] = field(default_factory=dict)
+    runs: dict[int, float] = field(default_factory=dict)
+
+    def forget_except(self, clients: Iterable[str], runs: Iterable[int]) -> None:
+        keep_c, keep_r = set(clients), set(runs)
+        self.clients = {c: p for c, p in self.clients.items() if c in keep_c}
+        self.runs = {r: p for r, p in self.runs.items() if r in keep_r}
+
+
+def window(slots: int, finished_per_second: float, interval: float, override: int | None) -> int:
+    """K, the messages a queue may hold: two per live slot (one running, one next), plus what
+    the slots finish between two dispatcher passes, twice over, so fast children never wait
+    for a pass; ``override`` (DTASK_DISPATCH_WINDOW) replaces the rule. No slot: nothing."""
+    if override is not None:
+        return override
+    if slots <= 0:
+        return 0
+    return 2 * slots + math.ceil(2 * finished_per_second * interval)
+
+
+def plan(
+    demands: Iterable[Demand], shares: dict[str, Share], free: int, passes: Passes
+) -> dict[int, int]:
+    """How many children of each run to send now (run id -> count), ``free`` at most."""
+    waiting = [d for d in demands if d.unsent > 0]
+    if free <= 0 or not waiting:
+        return {}
+    _enter(passes.clients, {d.client for d in waiting})
+    by_client: dict[str, list[Demand]] = {}
+    for d in waiting:
+        by_client.setdefault(d.client, []).append(d)
+    for runs in by_client.values():
+        _enter(passes.runs, {d.run_id for d in runs})
+    left = {d.run_id: d.unsent for d in waiting}
+    room = {c: shares.get(c, Share()).room for c in by_client}
+    sent: dict[int, int] = {}
+    while free > 0:
+        ready = [d for d in waiting if left[d.run_id] > 0 and room[d.client] > 0]
+        if not ready:
+            break
+        d = min(ready, key=lambda d: _key(d, passes))
+        sent[d.run_id] = sent.get(d.run_id, 0) + 1
+        left[d.run_id] -= 1
+        room[d.client] -= 1
+        free -= 1
+        passes.clients[d.client] += 1 / shares.get(d.client, Share()).weight
+        passes.runs[d.run_id] += 1
+    return sent
+
+
+def _enter(passes: dict[str, float] | dict[int, float], present: set[object]) -> None:
+    """Give newcomers the lowest pass among those already waiting (0 when none are)."""
+    known = [p for k, p in passes.items() if k in present]
+    start = min(known, default=0.0)
+    for key in present:
+        passes.setdefault(key, start)  # type: ignore[arg-type]
+
+
+def _key(d: Demand, passes: Passes) -> tuple[int, float, float, float, int]:
+    deadline = d.deadline.timestamp() if d.deadline is not None else math.inf
+    return (-d.priority, deadline, passes.clients[d.client], passes.runs[d.run_id], d.run_id)

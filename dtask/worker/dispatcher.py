@@ -1,0 +1,159 @@
+"""The dispatcher (DTASK_DISPATCH=window): children wait in PostgreSQL, and one dispatcher at
+a time keeps each queue's window in the broker filled, in the order of
+``dtask.domain.dispatch.plan``.
+
+A thread in every `dtask worker` main process tries a pass every DTASK_DISPATCH_INTERVAL
+while children wait (every ten intervals otherwise); the pass runs only where the
+dispatcher's advisory lock is free, so one worker dispatches and any other takes over when it
+dies. A master that has just split a run tries a pass at once, so a new run's first children
+leave within milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutting_down
+
+from dtask import services
+from dtask.domain.dispatch import Passes, plan, window
+from dtask.worker.config import DEFAULT_QUEUE
+from dtask.worker.dispatch import publish
+from dtask.worker.reaper import Sender
+
+log = logging.getLogger("dtask.worker")
+
+
+def broker_priority(priority: int) -> int:
+    """Redis priority (0 first; kombu keeps the levels 0, 3, 6, 9) of a dispatched child:
+    masters and re-sent children stay at 0; within the window a high-priority run's children
+    overtake the others already sent. RabbitMQ's queue stays FIFO: there the small window
+    alone bounds the wait."""
+    return 3 if priority >= 7 else 6 if priority >= 3 else 9
+
+
+@dataclass
+class Pace:
+    """How fast a queue's messages are taken, from what the dispatcher saw between passes."""
+
+    at: float = 0.0
+    expected: int = 0  # messages out after the last pass: queued then plus sent then
+    per_second: float = 0.0
+
+    def update(self, queued_now: int) -> float:
+        now = time.monotonic()
+        if self.at:
+            taken = max(0, self.expected - queued_now)
+            rate = taken / max(now - self.at, 1e-3)
+            self.per_second = 0.7 * self.per_second + 0.3 * rate
+        self.at = now
+        return self.per_second
+
+
+@dataclass
+class Dispatcher:
+    """The state one process keeps between its passes (fair-share passes, paces)."""
+
+    passes: dict[str, Passes] = field(default_factory=dict)
+    paces: dict[str, Pace] = field(default_factory=dict)
+
+    def once(self) -> int | None:
+        """One pass: how many runs have children waiting (0: nothing to do; the loop slows
+        down), or None when another process holds the turn."""
+        settings = services.current().settings
+        store = services.store()
+        with store.dispatch.turn() as turn, closing(Sender()) as sender:
+            if turn is None:
+                return None
+            demands = turn.demands()
+            if not demands:
+                return 0
+            queues_out, clients_out = turn.out()
+            workers = store.workers.live(settings.worker_seen_within)
+            for queue, runs in demands.items():
+                name = queue or DEFAULT_QUEUE
+                out = queues_out.get(queue)
+                queued = out.queued if out else 0
+                pace = self.paces.setdefault(name, Pace())
+                slots = sum(w.slots for w in workers if name in w.queues)
+                size = window(
+                    slots, pace.update(queued), settings.dispatch_interval, settings.dispatch_window
+                )
+                shares = turn.shares({d.client for d in runs}, clients_out)
+                passes = self.passes.setdefault(name, Passes())
+                passes.forget_except({d.client for d in runs}, {d.run_id for d in runs})
+                queue_sent = 0
+                priority = {d.run_id: d.priority for d in runs}
+                for run_id, count in plan(runs, shares, size - queued, passes).items():
+                    children = turn.take(run_id, count)
+                    level = broker_priority(priority[run_id])
+                    queue_sent += publish(children, priority=level, through=sender.producer)
+                pace.expected = queued + queue_sent
+            return sum(len(runs) for runs in demands.values())
+
+
+_here = Dispatcher()
+
+
+def nudge() -> None:
+    """A pass now, if the turn is free (after a split): errors are left to the next pass."""
+    try:
+        _here.once()
+    except Exception as exc:
+        log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
+
+
+class Loop:
+    def __init__(self, interval: float, once: Callable[[], int | None]) -> None:
+        self.interval = interval
+        self.once = once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dtask dispatcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        wait = self.interval
+        failing = ""
+        while not self._stop.wait(wait):
+            try:
+                waiting = self.once()
+            except Exception as exc:
+                if str(exc) != failing:
+                    log.warning("dispatcher: pass failed, trying again: %s", exc)
+                failing, wait = str(exc), 10 * self.interval
+                continue
+            failing = ""
+            wait = self.interval if waiting else 10 * self.interval
+
+
+_loop: Loop | None = None
+
+
+def install() -> None:
+    """Run a dispatcher loop in this worker's main process once it is ready (window mode)."""
+    worker_ready.connect(_start, weak=False)
+    worker_shutting_down.connect(_stop, weak=False)
+
+
+def _start(**_: Any) -> None:
+    global _loop
+    settings = services.current().settings
+    if _loop is None and settings.dispatch == "window":
+        _loop = Loop(settings.dispatch_interval, _here.once)
+        _loop.start()
+
+
+def _stop(**_: Any) -> None:
+    if _loop is not None:
+        _loop.stop()
