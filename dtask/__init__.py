@@ -10,14 +10,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Unpack
 
-from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, Tier
+from dtask.domain.clients import Client, Rate, Tier
 from dtask.domain.context import ChildContext
 from dtask.domain.deadlines import OnLate
 from dtask.domain.params import Param
 from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
 from dtask.domain.schedules import Misfire, Overlap, Schedule, When
 from dtask.domain.splitting import RangeSplit, SplitStrategy
-from dtask.domain.templates import Template, registry, template, use_launcher
+from dtask.domain.templates import RunOptions, Template, registry, template, use_launcher
 from dtask.exceptions import (
     BrokerUnavailable,
     ChildFailed,
@@ -93,24 +93,11 @@ class _Client:
         variables: dict[str, Any],
         *,
         key: str | None,
-        execution_cap: float | None = None,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate | str | None = None,
+        **options: Unpack[RunOptions],
     ) -> Run:
         from dtask.client.runs import submit
 
-        return submit(
-            template,
-            variables,
-            key=key,
-            execution_cap=execution_cap,
-            client=client,
-            priority=priority,
-            delay_tolerance=delay_tolerance,
-            on_late=on_late,
-        )
+        return submit(template, variables, key=key, **options)
 
     def schedule(
         self,
@@ -157,6 +144,7 @@ __all__ = [
     "RateLimited",
     "Run",
     "RunNotFound",
+    "RunOptions",
     "RunState",
     "RunStatus",
     "Schedule",

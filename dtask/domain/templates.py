@@ -13,9 +13,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Unpack
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
-from dtask.domain.clients import DEFAULT_CLIENT
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.params import Param, as_param
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
@@ -90,6 +89,16 @@ def check_execution_cap(value: object, where: str) -> float | None:
     if not math.isfinite(value) or value <= 0:
         raise InvalidExecutionCap(f"{where}: execution cap must be > 0 seconds, got {value!r}")
     return float(value)
+
+
+class RunOptions(TypedDict, total=False):
+    """What one submit may set beyond the variables (``dtask.submit`` documents each)."""
+
+    execution_cap: float | None  # seconds an attempt may run; overrides the template's
+    client: str  # whom the run is charged to (default "default")
+    priority: int | None  # 0 to 9, default 5, capped by the client's max_priority
+    delay_tolerance: float | None  # seconds it may wait to start; overrides the template's
+    on_late: OnLate | str | None  # "run" or "fail" when it did not start in time
 
 
 @dataclass(frozen=True)
@@ -211,26 +220,10 @@ class Template:
         self,
         variables: Mapping[str, Any] | None = None,
         key: str | None = None,
-        *,
-        execution_cap: float | None = None,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate | str | None = None,
+        **options: Unpack[RunOptions],
     ) -> RunHandle:
-        """Trigger one run; ``execution_cap``, ``delay_tolerance`` and ``on_late`` override the
-        template's for it. The run is charged to ``client`` and gets ``priority`` (see
-        ``dtask.submit``)."""
-        return launcher().submit(
-            self.name,
-            dict(variables or {}),
-            key=key,
-            execution_cap=execution_cap,
-            client=client,
-            priority=priority,
-            delay_tolerance=delay_tolerance,
-            on_late=on_late,
-        )
+        """Trigger one run with ``options`` (see ``RunOptions`` and ``dtask.submit``)."""
+        return launcher().submit(self.name, dict(variables or {}), key=key, **options)
 
     def delay(self, **variables: Any) -> RunHandle:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
@@ -285,11 +278,7 @@ class Launcher(Protocol):
         variables: dict[str, Any],
         *,
         key: str | None,
-        execution_cap: float | None = None,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate | str | None = None,
+        **options: Unpack[RunOptions],
     ) -> RunHandle: ...
 
     def schedule(
