@@ -42,6 +42,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--profile-n", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the harness")
     parser.add_argument(
+        "--dispatch",
+        choices=["all", "window"],
+        default="all",
+        help="DTASK_DISPATCH of the dtask workers (window: the dispatcher's bounded window)",
+    )
+    parser.add_argument(
         "--fanout-only",
         action="store_true",
         help="only the fan-out runs, saved to bench/out/fanout-only.json; docs/benchmarks.md"
@@ -65,7 +71,7 @@ class Clock:
 
 def main() -> int:
     args = _args()
-    work = prepare_environment()
+    work = prepare_environment(DTASK_DISPATCH=args.dispatch)
     from dtask import services
     from dtask.services import embedded
 

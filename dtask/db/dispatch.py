@@ -108,7 +108,7 @@ class DispatchPass:
                 ),
                 {"run": run_id},
             )
-        return [redispatch_from_row(r) for r in rows]
+        return sorted((redispatch_from_row(r) for r in rows), key=lambda c: c.index)
 
 
 class DispatchStore:

@@ -89,11 +89,14 @@ class Dispatcher:
                 passes = self.passes.setdefault(name, Passes())
                 passes.forget_except({d.client for d in runs}, {d.run_id for d in runs})
                 queue_sent = 0
-                priority = {d.run_id: d.priority for d in runs}
+                of = {d.run_id: d for d in runs}
                 for run_id, count in plan(runs, shares, size - queued, passes).items():
                     children = turn.take(run_id, count)
-                    level = broker_priority(priority[run_id])
+                    level = broker_priority(of[run_id].priority)
                     queue_sent += publish(children, priority=level, through=sender.producer)
+                    # a client with runs in several queues: its cap counts them all
+                    client = of[run_id].client
+                    clients_out[client] = clients_out.get(client, 0) + len(children)
                 pace.expected = queued + queue_sent
             return sum(len(runs) for runs in demands.values())
 
