@@ -7,6 +7,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_ARGS ?=
 MINUTES ?= 10
 SEED ?= 1
+DISPATCH ?= all
 
 .PHONY: install demo test lint typecheck unit bench soak clean
 
@@ -47,7 +48,7 @@ bench: $(BENCH_STAMP)
 # MINUTES of random faults, then the invariants and per-fault recovery as a table; exit 1 if
 # an invariant breaks. Logs and sink files stay in the temp dir it prints.
 soak: $(STAMP)
-	$(BIN)/python -m soak.run --minutes $(MINUTES) --seed $(SEED)
+	$(BIN)/python -m soak.run --minutes $(MINUTES) --seed $(SEED) --dispatch $(DISPATCH)
 
 clean:
 	rm -rf $(VENV) .dtask .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -2,6 +2,7 @@
 
     make soak                         # 10 minutes of faults, then the table
     make soak MINUTES=30 SEED=7       # longer, another random sequence
+    make soak DISPATCH=window         # the workers with DTASK_DISPATCH=window
     .venv/bin/python -m soak.run --minutes 2 --seed 1
 
 While runs of many sizes, an interval schedule, cancels and reruns keep arriving, a fault
@@ -237,7 +238,7 @@ class Soak:
             time.sleep(0.5)
 
 
-def prepare_environment(work: Path) -> dict[str, str]:
+def prepare_environment(work: Path, dispatch: str = "all") -> dict[str, str]:
     """A fresh DTASK_HOME; must run before dtask touches its services."""
     for name in [n for n in os.environ if n.startswith("DTASK_")]:
         del os.environ[name]
@@ -248,6 +249,7 @@ def prepare_environment(work: Path) -> dict[str, str]:
         DTASK_TEMPLATES="soak.templates",
         DTASK_SOAK_SINK=str(work / "sink"),
         PYTHONPATH=str(REPO),
+        DTASK_DISPATCH=dispatch,
         **FAST,
     )
     return dict(os.environ)
@@ -258,12 +260,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--seed", type=int, default=int(time.time()) % 10_000)
     parser.add_argument("--settle", type=float, default=240)
+    parser.add_argument(
+        "--dispatch", choices=["all", "window"], default="all", help="the workers' DTASK_DISPATCH"
+    )
     args = parser.parse_args(argv)
     # a SIGTERM (a CI's timeout, `kill`) still stops the cluster and removes the namespaces
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     work = Path(tempfile.mkdtemp(prefix="dtask-soak-"))
-    env = prepare_environment(work)
+    env = prepare_environment(work, args.dispatch)
     print(f"soak: seed {args.seed}, {args.minutes:g} min, logs and sink in {work}", flush=True)
     from dtask import services
     from dtask.services import embedded
