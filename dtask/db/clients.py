@@ -14,7 +14,7 @@ from dtask.db.database import Database, sql
 from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, refusal, retry_after, tier_of
 from dtask.exceptions import ClientNotFound
 
-_COLUMNS = (
+CLIENT_COLUMNS = (
     "name, rate_count, rate_period, child_rate_count, child_rate_period, max_running, weight,"
     " tier, max_priority"
 )
@@ -40,14 +40,19 @@ def lock_client(conn: Connection, name: str) -> Client:
     """The client a new run is charged to, its row locked until the transaction ends: a
     limited client's submits pass :func:`check_rates` one at a time."""
     row = conn.execute(
-        sql(f"SELECT {_COLUMNS} FROM dtask_clients WHERE name = :name FOR UPDATE"),
+        sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients WHERE name = :name FOR UPDATE"),
         {"name": name},
     ).first()
-    if row is None:
-        if name != DEFAULT_CLIENT:
-            raise _missing(name)
-        return Client(DEFAULT_CLIENT)
-    return client_from_row(row)
+    return _client_or_default(row, name)
+
+
+def _client_or_default(row: Row[Any] | None, name: str) -> Client:
+    """The client of ``row``; without a row only ``default`` exists (with no limits)."""
+    if row is not None:
+        return client_from_row(row)
+    if name != DEFAULT_CLIENT:
+        raise _missing(name)
+    return Client(DEFAULT_CLIENT)
 
 
 def check_rates(conn: Connection, client: Client, children: int | None) -> None:
@@ -92,19 +97,17 @@ class ClientStore:
     def get(self, name: str) -> Client:
         with self.db.tx() as conn:
             row = conn.execute(
-                sql(f"SELECT {_COLUMNS} FROM dtask_clients WHERE name = :name"), {"name": name}
+                sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients WHERE name = :name"),
+                {"name": name},
             ).first()
-            if row is None:
-                if name != DEFAULT_CLIENT:
-                    raise _missing(name)
-                client = Client(DEFAULT_CLIENT)
-            else:
-                client = client_from_row(row)
+            client = _client_or_default(row, name)
             return Client(**{**vars(client), "usage": self._usage(conn, client)})
 
     def list(self) -> list[Client]:
         with self.db.tx() as conn:
-            rows = conn.execute(sql(f"SELECT {_COLUMNS} FROM dtask_clients ORDER BY name")).all()
+            rows = conn.execute(
+                sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients ORDER BY name")
+            ).all()
         clients = [client_from_row(r) for r in rows]
         if all(c.name != DEFAULT_CLIENT for c in clients):
             clients.insert(0, Client(DEFAULT_CLIENT))
@@ -114,7 +117,7 @@ class ClientStore:
         with self.db.tx() as conn:
             conn.execute(
                 sql(
-                    f"INSERT INTO dtask_clients ({_COLUMNS}) VALUES (:name, :rate_count,"
+                    f"INSERT INTO dtask_clients ({CLIENT_COLUMNS}) VALUES (:name, :rate_count,"
                     " :rate_period, :child_rate_count, :child_rate_period, :max_running,"
                     " :weight, :tier, :max_priority)"
                     " ON CONFLICT (name) DO UPDATE SET rate_count = excluded.rate_count,"

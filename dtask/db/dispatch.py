@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from dtask.db.clients import client_from_row
+from dtask.db.clients import CLIENT_COLUMNS, client_from_row
 from dtask.db.database import DISPATCH_LOCK, Database, sql
 from dtask.db.recovery import Redispatch, redispatch_from_row
+from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share
 
 
@@ -68,19 +69,12 @@ class DispatchPass:
 
     def shares(self, names: set[str], out: dict[str, int]) -> dict[str, Share]:
         rows = self.conn.execute(
-            sql(
-                "SELECT name, rate_count, rate_period, child_rate_count, child_rate_period,"
-                " max_running, weight, tier, max_priority FROM dtask_clients"
-                " WHERE name = ANY(:names)"
-            ),
+            sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients WHERE name = ANY(:names)"),
             {"names": sorted(names)},
         ).all()
-        clients = {r.name: client_from_row(r) for r in rows}
-        return {
-            name: Share(c.weight, c.max_running, out.get(name, 0)) if c else Share(1.0, None, 0)
-            for name in names
-            for c in [clients.get(name)]
-        }
+        found = {r.name: client_from_row(r) for r in rows}
+        clients = {name: found.get(name) or Client(name) for name in names}  # no row: no limits
+        return {n: Share(c.weight, c.max_running, out.get(n, 0)) for n, c in clients.items()}
 
     def take(self, run_id: int, count: int) -> list[Redispatch]:
         """The run's next ``count`` unsent children, in index order, marked sent now."""

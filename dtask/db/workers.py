@@ -34,9 +34,17 @@ class WorkerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def report(self, name: str, queues: Sequence[str], slots: int, pid: int) -> None:
-        """This worker is alive, consumes ``queues`` and runs up to ``slots`` children."""
+    def report(self, name: str, queues: Sequence[str], slots: int, pid: int, within: float) -> None:
+        """This worker is alive, consumes ``queues`` and runs up to ``slots`` children; rows
+        not seen for ten times ``within`` (dead workers') are removed."""
         with self.db.tx() as conn:
+            conn.execute(
+                sql(
+                    "DELETE FROM dtask_workers"
+                    " WHERE seen_at < now() - make_interval(secs => :within * 10)"
+                ),
+                {"within": within},
+            )
             conn.execute(
                 sql(
                     "INSERT INTO dtask_workers (name, queues, slots, pid)"
@@ -54,15 +62,9 @@ class WorkerStore:
             conn.execute(sql("DELETE FROM dtask_workers WHERE name = :name"), {"name": name})
 
     def live(self, within: float) -> list[WorkerInfo]:
-        """Workers seen in the last ``within`` seconds, by name; older rows are removed."""
+        """Workers seen in the last ``within`` seconds, by name (read only: the dispatcher
+        asks on every pass)."""
         with self.db.tx() as conn:
-            conn.execute(
-                sql(
-                    "DELETE FROM dtask_workers"
-                    " WHERE seen_at < now() - make_interval(secs => :within * 10)"
-                ),
-                {"within": within},
-            )
             rows = conn.execute(
                 sql(
                     "SELECT name, queues, slots, pid, started_at,"

@@ -28,7 +28,8 @@ def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
 def report() -> None:
     if _me is not None:
         name, queues, slots = _me
-        services.store().workers.report(name, queues, slots, os.getpid())
+        within = services.current().settings.worker_seen_within
+        services.store().workers.report(name, queues, slots, os.getpid(), within)
 
 
 def _ready(sender: Any = None, **_: Any) -> None:
