@@ -68,12 +68,29 @@ def flower(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
         assert AUTH.split(":")[1] not in (tmp_path / "flower.log").read_text()
 
 
+def wait_until_flower_captures_events(flower: str) -> None:
+    """Flower answers HTTP before its event thread is connected; events sent before are lost."""
+    deadline = time.monotonic() + 90
+    while True:
+        probe = dtask.submit("print_range", {"n": 1})
+        probe.wait(timeout=60)
+        args = f"print_range run {probe.id} child 0"
+        seen_by = time.monotonic() + 5
+        while time.monotonic() < seen_by:
+            if any(t["args"] == args for t in get(flower + "/api/tasks?limit=1000").values()):
+                return
+            time.sleep(0.2)
+        if time.monotonic() > deadline:
+            raise AssertionError("Flower saw no task events in 90 s")
+
+
 def test_flower_lists_workers_and_child_tasks_behind_basic_auth(
     flower: str, workers: list[WorkerProcess]
 ) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         get(flower + "/api/workers", auth=None)
     assert refused.value.code == 401
+    wait_until_flower_captures_events(flower)
 
     ok = dtask.submit("print_range", {"n": 3000})
     bad = dtask.submit("always_fails", {"n": 20, "bad": 5})
