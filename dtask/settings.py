@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     reaper_interval: float = Field(1.0, ge=0.1)
     stall_timeout: float = Field(15.0, ge=1.0)
     resend_batch: int = Field(100, ge=1)
-    dispatch: Literal["all", "window"] = "all"
+    dispatch: Literal["all", "window"] = "window"
     dispatch_window: int | None = Field(None, ge=1)
     dispatch_interval: float = Field(0.05, ge=0.005, le=5.0)
     drain_grace: float = Field(5.0, ge=0.0)
@@ -164,8 +164,9 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
     "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
     "DTASK_DISPATCH": (
-        "all",
-        "all: a split sends every child; window: the dispatcher keeps a bounded window",
+        "window",
+        "window: children wait in PostgreSQL, the dispatcher keeps a bounded window in the"
+        " broker; all: a split sends every child at once",
     ),
     "DTASK_DISPATCH_WINDOW": ("per slots", "messages a queue may hold (window mode)"),
     "DTASK_DISPATCH_INTERVAL": ("0.05", "seconds between dispatcher passes while work waits"),

@@ -3,6 +3,7 @@ against the real embedded Redis and PostgreSQL: fast, no subprocess."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +22,19 @@ def celery_app(dtask_env: dict[str, str]) -> Iterator[Celery]:
     import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping for the fixture)
 
     from dtask.worker import configure
+    from dtask.worker.dispatcher import Dispatcher, Loop
 
-    yield configure()
+    app = configure()
+    # What `dtask worker` does around its pool: report its slots, run a dispatcher loop.
+    workers = services.store().workers
+    workers.report("inprocess@test", ("dtask",), 1, os.getpid(), 600)
+    loop = Loop(0.05, Dispatcher().once)
+    loop.start()
+    try:
+        yield app
+    finally:
+        loop.stop()
+        workers.leave("inprocess@test")
 
 
 @pytest.fixture(scope="module")
