@@ -11,7 +11,6 @@ from dtask.domain.clients import Client, Tier
 from dtask.exceptions import InvalidClient
 
 WINDOW_ONLY = ("max_running", "weight")  # enforced by the dispatcher (DTASK_DISPATCH=window)
-NOT_YET_ENFORCED = ("tier",)
 
 
 def register(sub: Any) -> None:
@@ -82,11 +81,9 @@ def _note_what_is_not_enforced(changes: dict[str, Any]) -> None:
     if services.current().settings.dispatch != "window" and options(WINDOW_ONLY):
         print(
             f"dtask: note: {', '.join(options(WINDOW_ONLY))} saved; only the dispatcher"
-            " enforces it (DTASK_DISPATCH=window on the workers)",
+            " enforces it (DTASK_DISPATCH=window, the default, on the workers)",
             file=sys.stderr,
         )
-    if options(NOT_YET_ENFORCED):
-        print("dtask: note: --tier saved; tiers are not enforced yet", file=sys.stderr)
 
 
 def _cmd_client(args: argparse.Namespace) -> int:

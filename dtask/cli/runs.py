@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
+from dtask.domain.clients import Tier
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
 from dtask.exceptions import InvalidClient, InvalidDelayTolerance, InvalidExecutionCap
@@ -37,6 +38,11 @@ def register(sub: Any) -> None:
     )
     submit.add_argument(
         "--on-late", choices=["run", "fail"], help="a late run still runs (default) or fails"
+    )
+    submit.add_argument(
+        "--tier",
+        choices=[t.value for t in Tier],
+        help="resource tier its children need (default: the template's, else the client's)",
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
@@ -86,7 +92,7 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     c = status.children
     print(f"run {status.id}  {status.template}  {status.state.value}")
     print(f"  key        {status.key}")
-    print(f"  client     {status.client}, priority {status.priority}")
+    print(f"  client     {status.client}, priority {status.priority}, tier {status.tier.value}")
     if status.deadline:
         verdict = {None: "", True: " (late)", False: " (started in time)"}[status.late]
         print(f"  deadline   {status.deadline:%Y-%m-%d %H:%M:%S %Z}{verdict}")
@@ -135,11 +141,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             args.delay_tolerance, float, "--delay-tolerance", InvalidDelayTolerance
         ),
         on_late=args.on_late,
+        tier=args.tier,
     )
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"
         print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
-    _warn_if_nobody_consumes(tpl.options.queue, run.id)
+    _warn_if_nobody_consumes(run.id)
     if args.wait:
         status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
         _print_status(status, args.json)
@@ -149,15 +156,22 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _warn_if_nobody_consumes(queue: str | None, run_id: int) -> None:
+def _warn_if_nobody_consumes(run_id: int) -> None:
+    from dtask import services
     from dtask.client.workers import slots_for
-    from dtask.worker.config import DEFAULT_QUEUE
+    from dtask.domain.tiers import DEFAULT_QUEUE, base_queue
 
-    name = queue or DEFAULT_QUEUE
+    record = services.store().runs.get(run_id)
+    name = record.queue or DEFAULT_QUEUE
     if slots_for(name) == 0:
+        start = "dtask worker"
+        if base_queue(name) != DEFAULT_QUEUE:
+            start += f" -Q {base_queue(name)}"
+        if record.tier is not Tier.BASIC:
+            start += f" --tier {record.tier.value}"
         print(
             f"dtask: note: no live worker consumes queue {name!r}; run {run_id} waits until one"
-            f" starts (`dtask worker{'' if queue is None else ' -Q ' + name}`, or `dtask up`)",
+            f" starts (`{start}`{', or `dtask up`' if start == 'dtask worker' else ''})",
             file=sys.stderr,
         )
 

@@ -9,6 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dtask.cli.base import EXIT_OK
+from dtask.domain.clients import Tier, tier_of
+from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
+from dtask.settings import is_redis
 
 
 def register(sub: Any) -> None:
@@ -179,6 +182,27 @@ def _cmd_beat(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def tiered(extra: Sequence[str]) -> tuple[Tier, list[str]]:
+    """``--tier NAME`` taken out of a worker's options, and its -Q/--queues (default: the
+    default queue) replaced by the tier queues it serves, its own tier first."""
+    tier, rest, queues = Tier.BASIC, [], []
+    args = iter(extra)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name == "--tier":
+            tier = tier_of(value if eq else next(args, ""))
+        elif name in ("-Q", "--queues"):
+            queues += (value if eq else next(args, "")).split(",")
+        elif arg.startswith("-Q"):
+            queues += arg[2:].split(",")
+        else:
+            rest.append(arg)
+    if tier is Tier.BASIC and not queues:
+        return tier, rest
+    served = served_queues([q for q in queues if q] or [DEFAULT_QUEUE], tier)
+    return tier, [*rest, "--queues", ",".join(served)]
+
+
 def worker_argv(extra: Sequence[str]) -> list[str]:
     argv = ["worker", *extra]
     if not any(a in ("-n", "--hostname") or a.startswith("--hostname=") for a in extra):
@@ -192,9 +216,14 @@ def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
     from dtask.worker import configure, dispatcher, drain, reaper, registry
 
+    tier, extra = tiered(extra)
     app = configure()
     services.import_database_driver()  # before any fork: see its docstring
     settings = services.current().settings
+    if tier is not Tier.BASIC and is_redis(str(app.conf.broker_url)):
+        # take from the queues in the order given (own tier first), not round robin
+        options = app.conf.broker_transport_options
+        app.conf.broker_transport_options = {**options, "queue_order_strategy": "priority"}
     if settings.embedded_database:
         print(
             f"dtask worker: using the embedded PostgreSQL and Redis in {settings.home}, which only"

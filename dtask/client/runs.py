@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dtask import services
-from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority
+from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
@@ -89,6 +89,7 @@ def submit(
     priority: int | None = None,
     delay_tolerance: float | None = None,
     on_late: OnLate | str | None = None,
+    tier: Tier | str | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
@@ -96,7 +97,8 @@ def submit(
     ``delay_tolerance`` (seconds) and ``on_late`` ("run" or "fail") the template's deadline
     to start (see docs/scheduling.md). The run is charged to ``client`` (RateLimited when
     its rate limits refuse it, ClientNotFound for a client never set up); ``priority`` 0 to
-    9 (default 5) is capped at the client's maximum.
+    9 (default 5) is capped at the client's maximum; ``tier`` ("basic", "regular" or
+    "premium"; default the template's, else the client's) too.
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -108,6 +110,7 @@ def submit(
     tolerance = check_delay_tolerance(delay_tolerance, where) or tpl.options.delay_tolerance
     late_policy = tpl.options.on_late if on_late is None else on_late_of(on_late, where)
     check_name(client)
+    wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     if priority is not None:
         check_priority(priority)
     checked = tpl.validate(variables)
@@ -125,6 +128,7 @@ def submit(
         expected_children=children,
         delay_tolerance=tolerance,
         on_late=late_policy,
+        tier=wanted_tier or tpl.options.tier,
     )
     if created or store.runs.get(run_id).state is RunState.PENDING:
         try:

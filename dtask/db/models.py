@@ -88,6 +88,7 @@ class RunRow(Base):
     deadline: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     on_late: Mapped[str] = mapped_column(String(8), server_default=OnLate.RUN.value)
     late: Mapped[bool | None] = mapped_column(Boolean)  # NULL: not decided yet
+    tier: Mapped[str] = mapped_column(String(16), server_default=Tier.BASIC.value)
     unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -106,6 +107,7 @@ class RunRow(Base):
         Index(None, "client", "created_at"),
         Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
+        CheckConstraint(_one_of(Tier, "tier"), name="tier"),
         Index(None, "unsent", postgresql_where=text("unsent > 0")),
         CheckConstraint(
             f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"

@@ -13,14 +13,15 @@ from sqlalchemy import Connection, Row
 
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
 from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
+from dtask.domain.tiers import tier_queue
 from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
-    " client, priority, deadline, late"
+    " client, priority, deadline, late, tier"
 )
 
 
@@ -38,6 +39,7 @@ class RunRecord:
     chord_size: int | None
     dispatches: int
     idle: float = 0.0  # seconds since the run last changed (e.g. became pending), by PostgreSQL
+    tier: Tier = Tier.BASIC
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class NewRun:
     expected_children: int | None = None
     delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
     on_late: OnLate = OnLate.RUN
+    tier: Tier = Tier.BASIC  # ``queue`` is already the tier's queue
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -65,14 +68,20 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
             " execution_cap, client, priority, expected_children, created_at,"
-            " delay_tolerance, on_late, deadline)"
+            " delay_tolerance, on_late, deadline, tier)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
             " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
             " clock_timestamp(), :delay_tolerance, :on_late,"
-            " coalesce(:slot, clock_timestamp()) + make_interval(secs => :delay_tolerance))"
+            " coalesce(:slot, clock_timestamp()) + make_interval(secs => :delay_tolerance),"
+            " :tier)"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
-        {**asdict(run), "variables": json.dumps(run.variables), "on_late": run.on_late.value},
+        {
+            **asdict(run),
+            "variables": json.dumps(run.variables),
+            "on_late": run.on_late.value,
+            "tier": run.tier.value,
+        },
     ).first()
     return None if row is None else int(row.id)
 
@@ -95,11 +104,13 @@ class RunStore:
         expected_children: int | None = None,
         delay_tolerance: float | None = None,
         on_late: OnLate = OnLate.RUN,
+        tier: Tier | None = None,
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created).
 
         A new run is charged to ``client`` (RateLimited when its rate limits refuse it); a
-        known key returns its run and costs nothing."""
+        known key returns its run and costs nothing. Its children go to the queue of the
+        tier it gets (``tier``, capped by the client's)."""
         with self.db.tx() as conn:
             existing = self._by_key(conn, key)
             if existing is None:
@@ -108,11 +119,12 @@ class RunStore:
                 existing = self._by_key(conn, key)
             if existing is None:
                 check_rates(conn, charged, expected_children)
+                granted = charged.tier_for(tier)
                 new = NewRun(
-                    template, key, variables, max_attempts, queue,
+                    template, key, variables, max_attempts, tier_queue(queue, granted),
                     execution_cap=execution_cap, client=charged.name,
                     priority=charged.priority_for(priority), expected_children=expected_children,
-                    delay_tolerance=delay_tolerance, on_late=on_late,
+                    delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
                 )  # fmt: skip
                 created = insert_run(conn, new)
                 if created is not None:
@@ -149,7 +161,7 @@ class RunStore:
         row = conn.execute(
             sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
-                " child_total, group_id, chord_size, dispatches,"
+                " child_total, group_id, chord_size, dispatches, tier,"
                 " extract(epoch FROM now() - updated_at) AS idle FROM dtask_runs WHERE id = :id"
             ),
             {"id": run_id},
@@ -169,6 +181,7 @@ class RunStore:
             chord_size=row.chord_size,
             dispatches=row.dispatches,
             idle=float(row.idle),
+            tier=Tier(row.tier),
         )
 
     def split(
@@ -461,4 +474,5 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         priority=row.priority,
         deadline=row.deadline,
         late=row.late,
+        tier=Tier(row.tier),
     )

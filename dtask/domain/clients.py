@@ -169,6 +169,15 @@ class Client:
         wanted = DEFAULT_PRIORITY if requested is None else check_priority(requested)
         return min(wanted, self.max_priority)
 
+    def tier_for(self, requested: Tier | None) -> Tier:
+        """The tier a run of this client gets: as asked, else the client's; a client with a
+        tier set may not ask for a higher one (capped, as priorities are)."""
+        if requested is None:
+            return self.tier or Tier.BASIC
+        if self.tier is None or requested.rank <= self.tier.rank:
+            return requested
+        return self.tier
+
     def as_json(self) -> dict[str, Any]:
         shown: dict[str, Any] = {
             "name": self.name,

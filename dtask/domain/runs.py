@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
 from dtask.domain.schedules import iso
 
 
@@ -118,6 +118,7 @@ class RunStatus:
     priority: int = DEFAULT_PRIORITY
     deadline: datetime | None = None  # to start by: submit time (or slot) + delay tolerance
     late: bool | None = None  # None: not decided yet (or no deadline)
+    tier: Tier = Tier.BASIC
 
     @property
     def finished(self) -> bool:
@@ -140,6 +141,7 @@ class RunStatus:
             "priority": self.priority,
             "deadline": self.deadline.isoformat() if self.deadline else None,
             "late": bool(self.late),
+            "tier": self.tier.value,
         }
 
 

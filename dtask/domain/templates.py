@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
+from dtask.domain.clients import Tier, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.params import Param, as_param
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
@@ -99,6 +100,7 @@ class RunOptions(TypedDict, total=False):
     priority: int | None  # 0 to 9, default 5, capped by the client's max_priority
     delay_tolerance: float | None  # seconds it may wait to start; overrides the template's
     on_late: OnLate | str | None  # "run" or "fail" when it did not start in time
+    tier: Tier | str | None  # resource tier; overrides the template's (capped by the client's)
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ class TemplateOptions:
     execution_cap: float | None = None  # seconds an attempt may run; a run may override it
     delay_tolerance: float | None = None  # seconds a run may wait to start; a run may override
     on_late: OnLate = OnLate.RUN
+    tier: Tier | None = None  # None: the client's tier (basic without one)
 
 
 @dataclass(frozen=True)
@@ -348,6 +351,13 @@ def _origin(fn: Callable[..., Any]) -> str:
 registry = Registry()
 
 
+def _tier(tier: Tier | str | None, name: str) -> Tier | None:
+    try:
+        return tier_of(tier) if isinstance(tier, str) else tier
+    except DtaskError as exc:
+        raise TemplateDefinitionError(f"template {name!r}: {exc}") from None
+
+
 def template(
     name: str,
     *,
@@ -361,6 +371,7 @@ def template(
     execution_cap: float | None = None,
     delay_tolerance: float | None = None,
     on_late: OnLate | str = OnLate.RUN,
+    tier: Tier | str | None = None,
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README)."""
 
@@ -380,6 +391,7 @@ def template(
                     execution_cap=execution_cap,
                     delay_tolerance=delay_tolerance,
                     on_late=on_late_of(on_late, f"template {name!r}"),
+                    tier=_tier(tier, name),
                 ),
             )
         )

@@ -18,8 +18,10 @@ from celery.beat import Scheduler
 from dtask import services
 from dtask.db import NewRun
 from dtask.db.schedules import Firing
+from dtask.domain.clients import Tier
 from dtask.domain.schedules import Schedule, Tick, iso, trigger_key
 from dtask.domain.templates import registry
+from dtask.domain.tiers import tier_queue
 from dtask.exceptions import DtaskError
 from dtask.worker.dispatch import send_master
 
@@ -79,17 +81,19 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
     tpl = registry.get(schedule.template)
     variables = tpl.validate(schedule.variables)
     tpl.precheck(variables, services.current().settings.max_children)
+    tier = tpl.options.tier or Tier.BASIC
     return [
         NewRun(
             template=tpl.name,
             key=trigger_key(schedule.name, slot),
             variables=variables,
             max_attempts=tpl.options.max_attempts,
-            queue=tpl.options.queue,
+            queue=tier_queue(tpl.options.queue, tier),
             schedule=schedule.name,
             slot=slot,
             delay_tolerance=tpl.options.delay_tolerance,  # the deadline: slot + tolerance
             on_late=tpl.options.on_late,
+            tier=tier,
         )
         for slot in tick.fire
     ]

@@ -6,10 +6,10 @@ import math
 import socket
 from typing import Any
 
+from dtask.domain.tiers import DEFAULT_QUEUE as DEFAULT_QUEUE  # re-exported
 from dtask.services import broker_urls
 from dtask.settings import Settings, is_redis
 
-DEFAULT_QUEUE = "dtask"
 # Redis redelivers an unacked message only after this; dtask's own leases handle failover,
 # so it only has to exceed the longest child run (a redelivered duplicate is harmless anyway).
 VISIBILITY_TIMEOUT = 12 * 3600

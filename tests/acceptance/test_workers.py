@@ -64,7 +64,25 @@ def test_a_submit_nobody_can_serve_says_so(dtask_env: dict[str, str]) -> None:
     try:
         assert (
             f"dtask: note: no live worker consumes queue 'special'; run {run_id} waits until one"
-            " starts (`dtask worker -Q special`, or `dtask up`)"
+            " starts (`dtask worker -Q special`)"
         ) in result.stderr
     finally:
         dtask.get_run(run_id).cancel()
+
+
+def test_a_tiered_submit_nobody_can_serve_names_the_worker_to_start(
+    dtask_env: dict[str, str],
+) -> None:
+    result = dtask_cli(dtask_env, "submit", "routed", "-v", "n=10", "--tier", "premium", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    try:
+        assert run["tier"] == "premium"
+        assert (
+            f"no live worker consumes queue 'special.premium'; run {run['id']} waits until one"
+            " starts (`dtask worker -Q special --tier premium`)"
+        ) in result.stderr
+        shown = dtask_cli(dtask_env, "status", str(run["id"]))
+        assert "client     default, priority 5, tier premium" in shown.stdout
+    finally:
+        dtask.get_run(run["id"]).cancel()

@@ -245,3 +245,17 @@ def stamped_range(ctx: dtask.ChildContext, a: int, b: int, delay: float, every: 
             time.sleep(delay)
             out.write(f"{i} {os.getpid()} {time.time():.3f}\n")
             out.flush()
+
+
+@dtask.template(
+    "tagged",
+    params={"n": int, "delay": float},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}"},
+    split=dtask.RangeSplit("start", "end", chunk=1, carry=("delay",)),
+)
+def tagged(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
+    """One item per child: `<worker's DTASK_TEST_TAG> <start time>`, then ``delay`` seconds."""
+    import time
+
+    _sink(ctx).write_text(f"{os.environ.get('DTASK_TEST_TAG', '-')} {time.time():.3f}\n")
+    time.sleep(delay)
