@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, Parser, parse_vars
+from dtask.cli.base import EXIT_OK, Parser, number, parse_vars
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, iso
+from dtask.exceptions import InvalidDelayTolerance
 
 
 def register(sub: Any) -> None:
@@ -35,6 +36,14 @@ def register(sub: Any) -> None:
     )  # fmt: skip
     add.add_argument("--start", metavar="ISO", help="no slot before this time (in --tz)")
     add.add_argument("--end", metavar="ISO", help="no slot after this time (in --tz)")
+    add.add_argument(
+        "--delay-tolerance", metavar="SECONDS",
+        help="how late after its slot a run's first child may start (default: the template's)",
+    )  # fmt: skip
+    add.add_argument(
+        "--on-late", choices=["run", "fail"], help="a late run still runs or fails (default:"
+        " the template's)",
+    )  # fmt: skip
     add.add_argument("--replace", action="store_true", help="update a schedule of that name")
     add.add_argument("--json", action="store_true")
     ops.add_parser("list", help="list the schedules").add_argument("--json", action="store_true")
@@ -74,6 +83,10 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             catch_up_window=args.catch_up_window,
             start=_moment(args.start, args.tz),
             end=_moment(args.end, args.tz),
+            delay_tolerance=number(
+                args.delay_tolerance, float, "--delay-tolerance", InvalidDelayTolerance
+            ),
+            on_late=args.on_late,
             replace=args.replace,
         )
     elif args.op == "list":

@@ -175,11 +175,14 @@ class ScheduleRow(Base):
         ForeignKey("dtask_runs.id", ondelete="SET NULL")
     )
     last_error: Mapped[str | None] = mapped_column(Text)
+    delay_tolerance: Mapped[float | None] = mapped_column(Float)  # NULL: the template's
+    on_late: Mapped[str | None] = mapped_column(String(8))  # NULL: the template's
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (
         CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="trigger"),
+        CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
         CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
     )

@@ -16,13 +16,14 @@ from sqlalchemy import Connection, Row, text
 from dtask.db.database import Database
 from dtask.db.runs import NewRun, insert_run
 from dtask.domain.cron import Cron
+from dtask.domain.deadlines import OnLate
 from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing
 from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
 
 _COLUMNS = (
     "s.name, s.template, s.variables, s.cron, s.every_seconds, s.timezone, s.enabled, s.misfire,"
     " s.overlap, s.misfire_grace, s.catch_up_window, s.start_at, s.end_at, s.decided_until,"
-    " s.buffered_slot, s.last_run_id, s.last_error"
+    " s.buffered_slot, s.last_run_id, s.last_error, s.delay_tolerance, s.on_late"
 )
 
 
@@ -62,9 +63,10 @@ class ScheduleStore:
                 text(
                     "INSERT INTO dtask_schedules (name, template, variables, cron, every_seconds,"
                     " timezone, misfire, overlap, misfire_grace, catch_up_window, start_at,"
-                    " end_at, decided_until) VALUES (:name, :template, CAST(:variables AS jsonb),"
-                    " :cron, :every, :tz, :misfire, :overlap, :grace, :catch_up_window, :start,"
-                    " :end, now()) ON CONFLICT (name) DO NOTHING RETURNING name"
+                    " end_at, delay_tolerance, on_late, decided_until) VALUES (:name, :template,"
+                    " CAST(:variables AS jsonb), :cron, :every, :tz, :misfire, :overlap, :grace,"
+                    " :catch_up_window, :start, :end, :delay_tolerance, :on_late, now())"
+                    " ON CONFLICT (name) DO NOTHING RETURNING name"
                 ),
                 values,
             ).first()
@@ -86,6 +88,7 @@ class ScheduleStore:
                     " misfire = :misfire, overlap = :overlap, misfire_grace = :grace,"
                     " catch_up_window = :catch_up_window,"
                     " start_at = :start, end_at = :end, last_error = NULL,"
+                    " delay_tolerance = :delay_tolerance, on_late = :on_late,"
                     " buffered_slot = CASE WHEN cron IS DISTINCT FROM CAST(:cron AS varchar)"
                     "   OR every_seconds IS DISTINCT FROM CAST(:every AS integer)"
                     "   OR timezone <> CAST(:tz AS varchar) THEN NULL ELSE buffered_slot END,"
@@ -239,6 +242,8 @@ def _schedule(row: Row[Any]) -> Schedule:
             catch_up_window=row.catch_up_window,
             start_at=row.start_at,
             end_at=row.end_at,
+            delay_tolerance=row.delay_tolerance,
+            on_late=None if row.on_late is None else OnLate(row.on_late),
         ),
         enabled=row.enabled,
         decided_until=row.decided_until,

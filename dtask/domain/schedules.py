@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypedDict, TypeVar, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dtask.domain.cron import Cron
+from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.exceptions import InvalidSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -159,6 +160,8 @@ class When(TypedDict, total=False):
     catch_up_window: float
     start: datetime | None
     end: datetime | None
+    delay_tolerance: float | None  # seconds after its slot a run's first child may start
+    on_late: str | None  # "run" or "fail"; None: the template's
 
 
 @dataclass(frozen=True)
@@ -171,9 +174,12 @@ class Timing:
     catch_up_window: float = CATCH_UP_WINDOW
     start_at: datetime | None = None
     end_at: datetime | None = None
+    delay_tolerance: float | None = None  # None: the template's
+    on_late: OnLate | None = None  # None: the template's
 
     def __post_init__(self) -> None:
         zone(self.tz)
+        check_delay_tolerance(self.delay_tolerance, "schedule")
         if isinstance(self.trigger, int):
             _within("an interval", self.trigger, 1, MAX_SECONDS)
         # Under ~2 s a healthy beat's own delay would count as a misfire.
@@ -197,6 +203,8 @@ class Timing:
             catch_up_window=self.catch_up_window,
             start=self.start_at,
             end=self.end_at,
+            delay_tolerance=self.delay_tolerance,
+            on_late=None if self.on_late is None else self.on_late.value,
         )
 
     @property
@@ -336,11 +344,17 @@ def make_timing(*, now: datetime | None = None, **when: Unpack[When]) -> Timing:
         catch_up_window=when.get("catch_up_window", CATCH_UP_WINDOW),
         start_at=start,
         end_at=end,
+        delay_tolerance=when.get("delay_tolerance"),
+        on_late=_on_late(when.get("on_late")),
     )
     if timing.next_slot(now or datetime.now(UTC)) is None:
         bounded = " within its start and end" if start or end else ""
         raise InvalidSchedule(f"schedule {timing.describe()} never fires{bounded}")
     return timing
+
+
+def _on_late(text: str | None) -> OnLate | None:
+    return None if text is None else on_late_of(text, "schedule")
 
 
 _SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")

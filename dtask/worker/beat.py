@@ -82,6 +82,7 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
     variables = tpl.validate(schedule.variables)
     tpl.precheck(variables, services.current().settings.max_children)
     tier = tpl.options.tier or Tier.BASIC
+    timing = schedule.timing
     return [
         NewRun(
             template=tpl.name,
@@ -91,8 +92,9 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
             queue=tier_queue(tpl.options.queue, tier),
             schedule=schedule.name,
             slot=slot,
-            delay_tolerance=tpl.options.delay_tolerance,  # the deadline: slot + tolerance
-            on_late=tpl.options.on_late,
+            # the deadline: slot + tolerance
+            delay_tolerance=timing.delay_tolerance or tpl.options.delay_tolerance,
+            on_late=timing.on_late or tpl.options.on_late,
             tier=tier,
         )
         for slot in tick.fire

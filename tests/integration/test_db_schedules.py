@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import text
 
+import dtask
 from dtask import services
 from dtask.db import NewRun
 from dtask.db.schedules import Decide, Firing, ScheduleStore
@@ -198,3 +199,27 @@ def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
     finally:
         with contextlib.suppress(ScheduleNotFound):
             schedules.remove(broken)
+
+
+def test_a_schedule_s_own_delay_tolerance_sets_its_runs_deadline_from_the_slot(
+    schedules: ScheduleStore, name: str
+) -> None:
+    from dtask.domain.deadlines import OnLate
+    from dtask.worker.beat import Pass
+
+    services.load_templates()
+    timing = Timing(1, delay_tolerance=45.0, on_late=OnLate.FAIL)
+    saved, _ = schedules.save(Schedule(name, "print_range", {"n": 1}, timing), replace=False)
+    assert schedules.get(name).timing == timing  # kept as saved, not the template's (none)
+    assert saved.as_json(db_now(schedules))["delay_tolerance"] == 45.0
+    start = db_now(schedules)
+    while db_now(schedules) < start + timedelta(seconds=1.5):
+        time.sleep(0.1)
+    fired = schedules.beat_pass(Pass().decide, hold_for=10)
+    ours = [(run_id, run) for run_id, run in fired.created if run.schedule == name]
+    assert ours
+    for run_id, run in ours:
+        assert (run.delay_tolerance, run.on_late) == (45.0, OnLate.FAIL)
+        status = services.store().runs.status(run_id)
+        assert run.slot is not None and status.deadline == run.slot + timedelta(seconds=45)
+        dtask.get_run(run_id).cancel()
