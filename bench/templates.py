@@ -34,3 +34,14 @@ def bench_slow(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
 )
 def bench_noop(ctx: dtask.ChildContext, a: int, b: int) -> None:
     """A trivial child: the fan-out benchmarks measure dtask's own cost around it."""
+
+
+@dtask.template(
+    "bench_sleep",
+    params={"n": int, "delay": float},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}"},
+    split=dtask.RangeSplit("start", "end", chunk=1, carry=("delay",)),
+)
+def bench_sleep(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
+    """A child that takes ``delay`` seconds: the scheduling plots watch who starts when."""
+    time.sleep(delay)
