@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
@@ -14,6 +15,9 @@ from dtask import services
 
 log = logging.getLogger("dtask.worker")
 _me: tuple[str, tuple[str, ...], int] | None = None
+# A report (from the reaper's or the dispatcher's thread) racing the shutdown's removal would
+# put the row back for a worker that is gone: both take this lock, and leaving ends reports.
+_lock = threading.Lock()
 
 
 def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
@@ -26,15 +30,17 @@ def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
 
 
 def report() -> None:
-    if _me is not None:
-        name, queues, slots = _me
-        within = services.current().settings.worker_seen_within
-        services.store().workers.report(name, queues, slots, os.getpid(), within)
+    with _lock:
+        if _me is not None:
+            name, queues, slots = _me
+            within = services.current().settings.worker_seen_within
+            services.store().workers.report(name, queues, slots, os.getpid(), within)
 
 
 def _ready(sender: Any = None, **_: Any) -> None:
     global _me
-    _me = describe(sender)
+    with _lock:
+        _me = describe(sender)
     try:
         report()
     except Exception as exc:  # the next reaper pass reports again
@@ -42,9 +48,12 @@ def _ready(sender: Any = None, **_: Any) -> None:
 
 
 def _leave(**_: Any) -> None:
-    if _me is not None:
+    global _me
+    with _lock:
+        me, _me = _me, None
+    if me is not None:
         try:
-            services.store().workers.leave(_me[0])
+            services.store().workers.leave(me[0])
         except Exception as exc:  # it drops out by itself once not seen
             log.warning("could not remove this worker from PostgreSQL: %s", exc)
 

@@ -27,6 +27,7 @@ from tests.acceptance.test_faults import (
     running_with_checkpoint,
 )
 from tests.conftest import REPO
+from tests.support.broker import waiting
 from tests.support.db import children, wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -67,21 +68,6 @@ def load(cluster: Cluster) -> Iterator[subprocess.Popen[bytes]]:
         broker_tool(cluster, "purge")
 
 
-def waiting_messages() -> int:
-    """Messages waiting for a worker, by PostgreSQL: pending children of running runs, and the
-    masters of pending runs (on RabbitMQ, FIFO, these queue before their children)."""
-    with services.store().engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    "SELECT (SELECT count(*) FROM dtask_children c JOIN dtask_runs r"
-                    "   ON r.id = c.run_id WHERE c.state = 'pending' AND r.state = 'running')"
-                    " + (SELECT count(*) FROM dtask_runs WHERE state = 'pending')"
-                )
-            ).scalar_one()
-        )
-
-
 def test_a_lost_message_runs_within_the_stall_bound_while_the_queue_never_empties(
     cluster: Cluster, load: subprocess.Popen[bytes]
 ) -> None:
@@ -95,7 +81,7 @@ def test_a_lost_message_runs_within_the_stall_bound_while_the_queue_never_emptie
     bound = BACKLOG_CHILD + 3 * STALL + 5
     busy: list[bool] = []  # sampled while the lost child waits: was the queue still busy?
     status = dtask.get_run(lost).wait(
-        timeout=bound, poll=0.2, on_progress=lambda s: busy.append(waiting_messages() > 1)
+        timeout=bound, poll=0.2, on_progress=lambda s: busy.append(waiting() > 1)
     )
     took = time.monotonic() - deleted
     assert status.state is dtask.RunState.SUCCEEDED, f"not run after {took:.1f} s: {status}"
