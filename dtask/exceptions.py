@@ -23,6 +23,10 @@ class UnknownTemplate(DtaskError):
 class InvalidVariables(DtaskError):
     """The variables do not match the template's parameters."""
 
+    def __init__(self, message: str | None = None, fields: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or {}  # each variable at fault, with what is wrong with it
+
 
 class InvalidSplit(DtaskError):
     """The split strategy produced child specs that cannot be run."""
@@ -76,6 +80,10 @@ class RateLimited(DtaskError):
     def __init__(self, message: str | None = None, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after  # seconds; inf: this submit can never fit
+
+
+class TokenNotFound(DtaskError):
+    """No API token with that id."""
 
 
 class KeyConflict(DtaskError):

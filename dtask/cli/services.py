@@ -15,13 +15,17 @@ from dtask.settings import is_redis
 
 
 def register(sub: Any) -> None:
-    up = sub.add_parser("up", help="run a local stack: services, workers, beat and Flower")
+    up = sub.add_parser(
+        "up", help="run a local stack: services, workers, beat, Flower and the HTTP API"
+    )
     up.set_defaults(handler=_cmd_up)
     up.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     up.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
     up.add_argument("--no-flower", action="store_true")
     up.add_argument("--no-beat", action="store_true")
     up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--no-api", action="store_true", help="without `dtask serve`")
+    up.add_argument("--api-port", type=int, default=8000)
 
     flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
     flower.set_defaults(handler=_cmd_flower)
@@ -118,6 +122,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         flower=not args.no_flower,
         beat=not args.no_beat,
         flower_port=args.flower_port,
+        api=not args.no_api,
+        api_port=args.api_port,
     )
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

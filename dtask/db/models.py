@@ -234,3 +234,17 @@ class WorkerRow(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class TokenRow(Base):
+    """An API token: the SHA-256 of its secret, never the secret itself."""
+
+    __tablename__ = "dtask_tokens"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    client: Mapped[str] = mapped_column(String(100))
+    admin: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -431,19 +431,23 @@ class RunStore:
         client: str | None = None,
         state: RunState | None = None,
         template: str | None = None,
+        before: int | None = None,
     ) -> list[RunStatus]:
-        """The latest runs, newest first; only those matching each filter given."""
+        """The latest runs, newest first (older than run ``before`` if given); only those
+        matching each filter given."""
         filters = {"schedule": schedule, "client": client, "template": template}
         where = [f"{name} = :{name}" for name, value in filters.items() if value is not None]
         if state is not None:
             where.append("state = :state")
+        if before is not None:
+            where.append("id < :before")
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
                     f"SELECT {_RUN_COLUMNS} FROM dtask_runs {clause} ORDER BY id DESC LIMIT :limit"
                 ),
-                {**filters, "limit": limit, "state": state and state.value},
+                {**filters, "limit": limit, "state": state and state.value, "before": before},
             ).all()
             counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
             for c in conn.execute(

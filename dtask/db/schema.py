@@ -11,7 +11,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from dtask.db.engine import unreachable
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
-HEAD = "0011"
+HEAD = "0012"
 _upgrading = threading.Lock()
 
 

@@ -13,12 +13,13 @@ from dtask.db.dispatch import DispatchStore
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
+from dtask.db.tokens import TokenStore
 from dtask.db.workers import WorkerStore
 
 
 class Store:
     """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules``,
-    ``store.clients``, ``store.workers`` and ``store.dispatch`` share one
+    ``store.clients``, ``store.workers``, ``store.dispatch`` and ``store.tokens`` share one
     database (its engines); see ``Database`` for the child owners' engines."""
 
     def __init__(self, db: Database) -> None:
@@ -31,3 +32,4 @@ class Store:
         self.clients = ClientStore(self.db)
         self.workers = WorkerStore(self.db)
         self.dispatch = DispatchStore(self.db)
+        self.tokens = TokenStore(self.db)

@@ -151,23 +151,31 @@ class Template:
     def validate(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """Checked variables with defaults filled in; raise InvalidVariables naming the problem."""
         extra = sorted(set(variables) - set(self.params))
+        missing = sorted(n for n, p in self.params.items() if p.required and n not in variables)
+        fields = {n: f"not a parameter of template {self.name!r}" for n in extra}
+        fields.update({n: "required" for n in missing})
+        checked: dict[str, Any] = {}
+        for name, param in self.params.items():
+            try:
+                checked[name] = (
+                    param.check(name, variables[name]) if name in variables else (param.default)
+                )
+            except InvalidVariables as exc:
+                fields[name] = str(exc)
         if extra:
             raise InvalidVariables(
                 f"template {self.name!r} has no parameter {', '.join(map(repr, extra))}"
-                f" (parameters: {self._describe_params()})"
+                f" (parameters: {self._describe_params()})",
+                fields,
             )
-        missing = sorted(n for n, p in self.params.items() if p.required and n not in variables)
         if missing:
             raise InvalidVariables(
                 f"template {self.name!r} needs {', '.join(map(repr, missing))}"
-                f" (parameters: {self._describe_params()})"
+                f" (parameters: {self._describe_params()})",
+                fields,
             )
-        checked: dict[str, Any] = {}
-        for name, param in self.params.items():
-            if name in variables:
-                checked[name] = param.check(name, variables[name])
-            else:
-                checked[name] = param.default
+        if fields:
+            raise InvalidVariables(next(iter(fields.values())), fields)
         return checked
 
     def parse_variables(self, texts: Mapping[str, str]) -> dict[str, Any]:

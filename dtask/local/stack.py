@@ -62,7 +62,7 @@ def free_port(preferred: int) -> int:
             except OSError:
                 continue
             return int(s.getsockname()[1])
-    raise DtaskError("no free TCP port for Flower")
+    raise DtaskError(f"no free TCP port (wanted {preferred})")
 
 
 @dataclass
@@ -73,6 +73,8 @@ class Stack:
     beat: bool = True
     flower_port: int = 5555
     flower_address: str = "127.0.0.1"
+    api: bool = True
+    api_port: int = 8000
     children: list[Child] = field(default_factory=list)
     settings: Settings | None = None
     report: Callable[[str], None] = print
@@ -96,6 +98,8 @@ class Stack:
         if self.flower:
             flower_auth(self.flower_address)
             self.flower_port = free_port(self.flower_port)
+        if self.api:
+            self.api_port = free_port(self.api_port)
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.settings.embedded_database or self.settings.embedded_broker:
             self._watcher = threading.Thread(
@@ -113,6 +117,8 @@ class Stack:
                     "flower", "--port", str(self.flower_port), "--address", self.flower_address
                 ),
             )
+        if self.api:
+            self._spawn("api", dtask_command("serve", "--port", str(self.api_port)))
 
     def _watch_services(self) -> None:
         """Restart an embedded service that died: nothing else would until the next command."""
@@ -172,6 +178,8 @@ class Stack:
             except OSError:
                 return False
             return True
+        if child.name == "api":
+            return "Uvicorn running on" in child.output()
         return True
 
     def describe(self) -> list[str]:
@@ -184,6 +192,12 @@ class Stack:
             + ("" if not self.beat else ", beat"),
             f"logs      {self.logs}",
         ]
+        if self.api:
+            lines.insert(
+                0,
+                f"api       http://127.0.0.1:{self.api_port}/api/v1 (a token: `dtask token create"
+                " --client default`)",
+            )
         if self.flower:
             auth = " (user/password from DTASK_FLOWER_AUTH)" if flower_auth("127.0.0.1") else ""
             lines.insert(0, f"flower    {self.flower_url}{auth}")

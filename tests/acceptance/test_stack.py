@@ -148,7 +148,8 @@ def test_dtask_up_then_ctrl_c_leaves_no_process_behind(
         wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), 90, "dtask up")
         text = log.read_text()
         assert "flower    http://127.0.0.1:" in text and "database  postgresql" in text
-        assert len(dtask_processes(home)) >= 5  # 2 workers (+pools), beat, flower, pg, redis
+        assert "api       http://127.0.0.1:" in text
+        assert len(dtask_processes(home)) >= 6  # 2 workers (+pools), beat, flower, api, pg, redis
         up.send_signal(sig)
         assert up.wait(60) == 0
     finally:

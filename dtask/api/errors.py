@@ -1,0 +1,104 @@
+"""One JSON error shape for every failure: ``{"error": "<one line>"}`` (plus ``fields`` for
+bad variables or a bad body), with the status code the error's kind calls for."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from dtask import exceptions as e
+
+log = logging.getLogger("dtask.api")
+
+STATUS: list[tuple[type[e.DtaskError], int]] = [
+    (e.RateLimited, 429),
+    (e.ServiceUnavailable, 503),
+    (e.UnknownTemplate, 404),
+    (e.RunNotFound, 404),
+    (e.ClientNotFound, 404),
+    (e.ScheduleNotFound, 404),
+    (e.TokenNotFound, 404),
+    (e.KeyConflict, 409),
+    (e.NothingToRerun, 409),
+    (e.NotCancellable, 409),
+    (e.ScheduleExists, 409),
+    (e.InvalidVariables, 422),
+    (e.InvalidSplit, 422),
+    (e.InvalidClient, 422),
+    (e.InvalidExecutionCap, 422),
+    (e.InvalidDelayTolerance, 422),
+    (e.InvalidSchedule, 422),
+]
+
+
+class Refused(e.DtaskError):
+    """The caller may not do this (401 without a valid token, 403 beyond its rights)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def status_of(error: e.DtaskError) -> int:
+    if isinstance(error, Refused):
+        return error.status
+    return next((code for kind, code in STATUS if isinstance(error, kind)), 400)
+
+
+def _dtask_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, e.DtaskError)
+    body: dict[str, Any] = {"error": str(exc)}
+    headers: dict[str, str] = {}
+    if isinstance(exc, e.InvalidVariables) and exc.fields:
+        body["fields"] = exc.fields
+    if isinstance(exc, e.RateLimited):
+        body["retry_after"] = None if math.isinf(exc.retry_after) else exc.retry_after
+        if not math.isinf(exc.retry_after):
+            headers["Retry-After"] = str(math.ceil(exc.retry_after))
+    if isinstance(exc, Refused) and exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status_of(exc), headers=headers)
+
+
+def _bad_request(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    kind = request.headers.get("content-type", "")
+    if (
+        request.method == "POST"
+        and "json" not in kind
+        and any(err["loc"] == ("body",) for err in exc.errors())
+    ):
+        return JSONResponse(
+            {"error": f"send the body as JSON with Content-Type: application/json, not {kind!r}"
+             " (curl --json '{...}')"},
+            status_code=415,
+        )  # fmt: skip
+    fields = {
+        ".".join(str(p) for p in err["loc"] if p != "body") or "body": err["msg"]
+        for err in exc.errors()
+    }
+    first = next(iter(fields.items()))
+    return JSONResponse({"error": f"{first[0]}: {first[1]}", "fields": fields}, status_code=422)
+
+
+def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+
+def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return JSONResponse({"error": "internal error (the server's log has the details)"}, 500)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(e.DtaskError, _dtask_error)
+    app.add_exception_handler(RequestValidationError, _bad_request)
+    app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

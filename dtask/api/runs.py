@@ -1,0 +1,137 @@
+"""`/api/v1/runs`: submit, read (with a long poll), list, cancel and rerun."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from dtask import services
+from dtask.api.auth import Caller
+from dtask.api.errors import Refused
+from dtask.client.runs import get_run, submit
+from dtask.domain.runs import RunState, RunStatus
+from dtask.domain.tokens import Token
+from dtask.exceptions import InvalidVariables, RunNotFound
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+LONG_POLL = 0.5  # seconds between looks at a run while a ?wait= holds
+MOST_WAIT = 300.0
+
+
+class RunRequest(BaseModel):
+    """A submit: the same options as `dtask submit`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    template: str
+    variables: dict[str, Any] = Field(default_factory=dict)
+    key: str | None = None
+    priority: int | None = None
+    tier: str | None = None
+    delay_tolerance: float | None = None
+    on_late: str | None = None
+    execution_cap: float | None = None
+    client: str | None = Field(None, description="admin tokens only; default the token's client")
+    after: list[int] | None = Field(None, description="not supported by this server yet")
+    notify_url: str | None = Field(None, description="not supported by this server yet")
+
+
+def _visible(token: Token, run_id: int) -> RunStatus:
+    status = services.store().runs.status(run_id)
+    if not token.sees(status.client):
+        raise RunNotFound(f"no run with id {run_id}")  # another client's: as if it did not exist
+    return status
+
+
+def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
+    unsupported = {n: "not supported yet" for n in ("after", "notify_url") if getattr(body, n)}
+    if unsupported:
+        raise InvalidVariables(f"{', '.join(unsupported)}: not supported yet", unsupported)
+    client = body.client or token.client
+    if not token.sees(client):
+        raise Refused(f"this token submits only as client {token.client!r}", 403)
+    run = submit(
+        body.template, body.variables, body.key,
+        execution_cap=body.execution_cap, client=client, priority=body.priority,
+        delay_tolerance=body.delay_tolerance, on_late=body.on_late, tier=body.tier,
+    )  # fmt: skip
+    status = _visible(token, run.id)  # a known key of another client's run: not found
+    return status, run.created
+
+
+@router.post("", status_code=201)
+async def create_run(body: RunRequest, token: Caller, response: Response) -> dict[str, Any]:
+    """Submit a run: 201 with it, or 200 with the run a known key already triggered."""
+    status, created = await run_in_threadpool(_create, token, body)
+    if not created:
+        response.status_code = 200
+    return status.as_json()
+
+
+@router.get("/{run_id}")
+async def read_run(
+    run_id: int,
+    token: Caller,
+    wait: Annotated[float, Query(ge=0, le=MOST_WAIT, description="long-poll seconds")] = 0,
+) -> dict[str, Any]:
+    """The run; with ``wait`` the answer comes when it finishes or after ``wait`` seconds."""
+    status = await run_in_threadpool(_visible, token, run_id)
+    deadline = time.monotonic() + wait
+    while not status.finished and (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(LONG_POLL, left))
+        status = await run_in_threadpool(_visible, token, run_id)
+    return status.as_json()
+
+
+def _list(
+    token: Token,
+    state: RunState | None,
+    client: str | None,
+    template: str | None,
+    schedule: str | None,
+    limit: int,
+    cursor: int | None,
+) -> dict[str, Any]:
+    if client is not None and not token.sees(client):
+        raise Refused(f"this token sees only client {token.client!r}", 403)
+    found = services.store().runs.statuses(
+        limit, schedule, client=client if token.admin else token.client,
+        state=state, template=template, before=cursor,
+    )  # fmt: skip
+    more = len(found) == limit
+    return {"runs": [s.as_json() for s in found], "next_cursor": found[-1].id if more else None}
+
+
+@router.get("")
+async def list_runs(
+    token: Caller,
+    state: RunState | None = None,
+    client: str | None = None,
+    template: str | None = None,
+    schedule: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[int | None, Query(description="next_cursor of the previous page")] = None,
+) -> dict[str, Any]:
+    """The latest runs, newest first, a page at a time."""
+    return await run_in_threadpool(_list, token, state, client, template, schedule, limit, cursor)
+
+
+def _act(token: Token, run_id: int, action: str) -> RunStatus:
+    _visible(token, run_id)
+    run = get_run(run_id)
+    return run.cancel() if action == "cancel" else run.rerun()
+
+
+@router.post("/{run_id}/cancel")
+async def cancel_run(run_id: int, token: Caller) -> dict[str, Any]:
+    return (await run_in_threadpool(_act, token, run_id, "cancel")).as_json()
+
+
+@router.post("/{run_id}/rerun")
+async def rerun_run(run_id: int, token: Caller) -> dict[str, Any]:
+    return (await run_in_threadpool(_act, token, run_id, "rerun")).as_json()

@@ -1,0 +1,226 @@
+"""The HTTP API against a real `dtask serve` process, real PostgreSQL and workers: every status
+code of a submit, tokens that keep clients apart, a long poll that answers when the run ends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from dtask import services
+from dtask.local.stack import free_port
+from tests.conftest import DTASK, REPO, DtaskProcess, WorkerProcess
+
+pytestmark = pytest.mark.acceptance
+
+
+class ServerProcess(DtaskProcess):
+    ready_marker = "Uvicorn running on"
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+
+def call(base: str, method: str, path: str, token: str | None, body: Any = None) -> Reply:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return Reply(response.status, dict(response.headers), json.loads(response.read()))
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return Reply(exc.code, dict(exc.headers), json.loads(exc.read()))
+
+
+def token(env: dict[str, str], client: str, *flags: str) -> str:
+    made = subprocess.run(
+        [DTASK, "token", "create", "--client", client, *flags],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "shown once" in made.stderr
+    return made.stdout.strip()
+
+
+def start_server(env: dict[str, str], log: Path) -> tuple[ServerProcess, str]:
+    port = free_port(8000)
+    server = ServerProcess(env, log, "serve", "--port", str(port))
+    server.wait_ready()
+    return server, f"http://127.0.0.1:{port}/api/v1"
+
+
+@pytest.fixture(scope="module")
+def api(dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server, base = start_server(dtask_env, tmp_path_factory.mktemp("api") / "serve.log")
+    try:
+        yield base
+    finally:
+        server.stop()
+        assert "dtk_" not in server.output()  # no token in the server's log
+
+
+@pytest.fixture(scope="module")
+def tokens(dtask_env: dict[str, str]) -> dict[str, str]:
+    import dtask
+
+    dtask.set_client("api-a")
+    dtask.set_client("api-b")
+    dtask.set_client("api-limited", rate="1/h")
+    return {
+        "a": token(dtask_env, "api-a"),
+        "b": token(dtask_env, "api-b"),
+        "limited": token(dtask_env, "api-limited"),
+        "admin": token(dtask_env, "default", "--admin"),
+    }
+
+
+def run_count() -> int:
+    with services.store().engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
+
+
+def test_submit_answers_with_the_status_each_outcome_calls_for(
+    api: str, tokens: dict[str, str]
+) -> None:
+    a = tokens["a"]
+    new = {"template": "print_range", "variables": {"n": 10}, "key": f"api-{time.time()}"}
+    before = run_count()
+
+    missing = call(api, "POST", "/runs", None, new)
+    assert missing.status == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert "token is required" in missing.body["error"]
+    assert call(api, "POST", "/runs", "dtk_forged", new).status == 401
+
+    created = call(api, "POST", "/runs", a, new)
+    assert created.status == 201, created.body
+    assert created.body["client"] == "api-a" and created.body["template"] == "print_range"
+    again = call(api, "POST", "/runs", a, new)
+    assert (again.status, again.body["id"]) == (200, created.body["id"])
+    conflict = call(api, "POST", "/runs", a, {**new, "variables": {"n": 11}})
+    assert conflict.status == 409 and "already triggered run" in conflict.body["error"]
+
+    bad = call(api, "POST", "/runs", a, {"template": "print_range", "variables": {"n": "x"}})
+    assert bad.status == 422 and bad.body["fields"] == {
+        "n": "variable 'n' must be int, got str 'x'"
+    }
+    worse = call(api, "POST", "/runs", a, {"template": "print_range", "variables": {"m": 1}})
+    assert worse.status == 422 and set(worse.body["fields"]) == {"m", "n"}
+    form = urllib.request.Request(api + "/runs", data=b"template=print_range", method="POST")
+    form.add_header("Authorization", f"Bearer {a}")
+    with pytest.raises(urllib.error.HTTPError) as not_json:
+        urllib.request.urlopen(form, timeout=30)
+    with not_json.value as refused:
+        assert refused.code == 415 and "Content-Type: application/json" in refused.read().decode()
+    shape = call(api, "POST", "/runs", a, {"template": "print_range", "priority": "high"})
+    assert shape.status == 422 and "priority" in shape.body["fields"]
+    unknown = call(api, "POST", "/runs", a, {"template": "nope", "variables": {}})
+    assert unknown.status == 404 and "unknown template 'nope'" in unknown.body["error"]
+    other = call(api, "POST", "/runs", a, {**new, "key": None, "client": "api-b"})
+    assert other.status == 403
+
+    limited = {"template": "print_range", "variables": {"n": 5}}
+    assert call(api, "POST", "/runs", tokens["limited"], limited).status == 201
+    refused = call(api, "POST", "/runs", tokens["limited"], limited)
+    assert refused.status == 429 and "limit exceeded" in refused.body["error"]
+    assert 0 < int(refused.headers["retry-after"]) <= 3600
+    assert run_count() == before + 2  # the first submit and the limited client's one
+
+    for run_id in (created.body["id"],):
+        call(api, "POST", f"/runs/{run_id}/cancel", a)
+
+
+def test_a_submit_with_the_broker_down_is_503_and_creates_nothing(
+    dtask_env: dict[str, str], tokens: dict[str, str], tmp_path: Path
+) -> None:
+    env = {
+        **dtask_env,
+        "DTASK_DATABASE_URL": services.database_url(),
+        "DTASK_BROKER_URL": "redis://127.0.0.1:1/0",
+    }
+    server, base = start_server(env, tmp_path / "serve.log")
+    try:
+        before = run_count()
+        reply = call(base, "POST", "/runs", tokens["a"], {"template": "print_range",
+                                                           "variables": {"n": 3}})  # fmt: skip
+        assert reply.status == 503 and "cannot reach the broker" in reply.body["error"]
+        assert "no run was created" in reply.body["error"]
+        assert run_count() == before
+    finally:
+        server.stop()
+
+
+def test_clients_see_only_their_runs_and_a_long_poll_answers_when_the_run_ends(
+    api: str, tokens: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    a, b, admin = tokens["a"], tokens["b"], tokens["admin"]
+    body = {"template": "slow_range", "variables": {"n": 40, "delay": 0.05}}
+    run = call(api, "POST", "/runs", a, body).body
+    assert call(api, "GET", f"/runs/{run['id']}", b).status == 404
+    assert call(api, "POST", f"/runs/{run['id']}/cancel", b).status == 404
+    assert run["id"] not in [r["id"] for r in call(api, "GET", "/runs", b).body["runs"]]
+    assert call(api, "GET", "/runs?client=api-a", b).status == 403
+    assert call(api, "GET", f"/runs/{run['id']}", admin).status == 200
+
+    done = call(api, "GET", f"/runs/{run['id']}?wait=60", a)
+    answered = time.monotonic()
+    assert done.status == 200 and done.body["state"] == "succeeded"
+    with services.store().engine.connect() as conn:
+        ended_ago = conn.execute(
+            text("SELECT extract(epoch FROM now() - finished_at) FROM dtask_runs WHERE id = :r"),
+            {"r": run["id"]},
+        ).scalar_one()
+    late = float(ended_ago) - (time.monotonic() - answered)  # from the run's end to the answer
+    print(f"\nlong poll answered {late:.2f} s after the run finished")
+    assert late <= 1.0, "the long poll answered late"
+
+    mine = call(api, "GET", "/runs?limit=1", a).body
+    assert len(mine["runs"]) == 1 and mine["next_cursor"] == mine["runs"][0]["id"]
+    page = call(api, "GET", f"/runs?limit=1&cursor={mine['next_cursor']}", a).body
+    assert page["runs"][0]["id"] < mine["runs"][0]["id"]
+    assert all(r["client"] == "api-a" for r in call(api, "GET", "/runs", a).body["runs"])
+
+    rerun = call(api, "POST", f"/runs/{run['id']}/rerun", a)
+    assert rerun.status == 409 and "nothing to rerun" in rerun.body["error"].lower()
+    assert call(api, "GET", "/clients", a).status == 403
+    assert {c["name"] for c in call(api, "GET", "/clients", admin).body} >= {"api-a", "api-b"}
+    templates = {t["name"]: t for t in call(api, "GET", "/templates", a).body}
+    assert templates["slow_range"]["params"]["n"]["type"] == "int"
+    assert len(call(api, "GET", "/workers", a).body) >= 2
+
+
+def test_the_openapi_document_lists_the_endpoints(api: str) -> None:
+    with urllib.request.urlopen(api + "/openapi.json", timeout=30) as response:
+        paths = json.loads(response.read())["paths"]
+    assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/cancel"} <= set(paths)
+
+
+def test_a_revoked_token_is_refused_at_once(
+    api: str, dtask_env: dict[str, str], tokens: dict[str, str]
+) -> None:
+    secret = token(dtask_env, "api-b")
+    assert call(api, "GET", "/runs", secret).status == 200
+    listed = subprocess.run(
+        [DTASK, "token", "list", "--json"], env=dtask_env, cwd=REPO, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert secret not in listed.stdout
+    mine = [t for t in json.loads(listed.stdout) if secret.startswith(t["hint"].rstrip("."))]
+    subprocess.run([DTASK, "token", "revoke", str(mine[-1]["id"])], env=dtask_env, check=True,
+                   cwd=REPO, capture_output=True, timeout=60)  # fmt: skip
+    assert call(api, "GET", "/runs", secret).status == 401
