@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from dtask import services
-from dtask.api import errors, runs
+from dtask.api import errors, runs, schedules
 from dtask.api.auth import Admin, Caller
 
 PREFIX = "/api/v1"
@@ -63,5 +63,6 @@ def create_app() -> FastAPI:
     )
     errors.install(app)
     app.include_router(runs.router, prefix=PREFIX)
+    app.include_router(schedules.router, prefix=PREFIX)
     app.include_router(other, prefix=PREFIX)
     return app

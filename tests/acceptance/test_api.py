@@ -224,3 +224,25 @@ def test_a_revoked_token_is_refused_at_once(
     subprocess.run([DTASK, "token", "revoke", str(mine[-1]["id"])], env=dtask_env, check=True,
                    cwd=REPO, capture_output=True, timeout=60)  # fmt: skip
     assert call(api, "GET", "/runs", secret).status == 401
+
+
+def test_schedules_over_http_for_admin_tokens(api: str, tokens: dict[str, str]) -> None:
+    admin, name = tokens["admin"], f"api-{int(time.time() * 1000)}"
+    body = {"template": "print_range", "variables": {"n": 5}, "cron": "0 3 * * *", "tz": "UTC"}
+    assert call(api, "PUT", f"/schedules/{name}", tokens["a"], body).status == 403
+    created = call(api, "PUT", f"/schedules/{name}", admin, body)
+    assert created.status == 201, created.body
+    assert created.body["cron"] == "0 3 * * *" and len(created.body["next_slots"]) == 3
+    assert created.body["latest_runs"] == []
+    replaced = call(api, "PUT", f"/schedules/{name}", admin, {**body, "variables": {"n": 6}})
+    assert replaced.status == 200 and replaced.body["variables"] == {"n": 6}
+    bad = call(api, "PUT", f"/schedules/{name}", admin, {**body, "cron": "0 25 * * *"})
+    assert bad.status == 422 and "hour" in bad.body["error"]
+    assert call(api, "POST", f"/schedules/{name}/pause", admin).body["enabled"] is False
+    assert call(api, "POST", f"/schedules/{name}/resume", admin).body["enabled"] is True
+    assert name in [s["name"] for s in call(api, "GET", "/schedules", admin).body]
+    removed = urllib.request.Request(f"{api}/schedules/{name}", method="DELETE")
+    removed.add_header("Authorization", f"Bearer {admin}")
+    with urllib.request.urlopen(removed, timeout=30) as response:
+        assert response.status == 204
+    assert call(api, "GET", f"/schedules/{name}", admin).status == 404
