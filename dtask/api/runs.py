@@ -14,7 +14,7 @@ from dtask import services
 from dtask.api.auth import Caller
 from dtask.api.errors import Refused
 from dtask.client.runs import get_run, submit
-from dtask.domain.runs import RunState, RunStatus
+from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
 from dtask.exceptions import InvalidVariables, RunNotFound
 
@@ -119,6 +119,30 @@ async def list_runs(
 ) -> dict[str, Any]:
     """The latest runs, newest first, a page at a time."""
     return await run_in_threadpool(_list, token, state, client, template, schedule, limit, cursor)
+
+
+def _children(
+    token: Token, run_id: int, state: ChildState | None, limit: int, cursor: int | None
+) -> dict[str, Any]:
+    _visible(token, run_id)
+    found = services.store().children.page(run_id, state, limit, cursor)
+    more = len(found) == limit
+    return {
+        "children": [c.as_json() for c in found],
+        "next_cursor": found[-1].index if more else None,
+    }
+
+
+@router.get("/{run_id}/children")
+async def list_children(
+    run_id: int,
+    token: Caller,
+    state: ChildState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[int | None, Query(description="next_cursor of the previous page")] = None,
+) -> dict[str, Any]:
+    """The run's children in index order: range, attempts, checkpoint, error, worker."""
+    return await run_in_threadpool(_children, token, run_id, state, limit, cursor)
 
 
 def _act(token: Token, run_id: int, action: str) -> RunStatus:

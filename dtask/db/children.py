@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row
@@ -48,6 +49,36 @@ class ChildView:
 
 
 _VIEW = "SELECT index, state, attempt, owner, checkpoint FROM dtask_children"
+
+
+@dataclass(frozen=True)
+class ChildDetail:
+    """One child as the API and the dashboard show it."""
+
+    index: int
+    state: ChildState
+    spec: Any  # its range (the child function's keyword arguments)
+    attempt: int
+    max_attempts: int
+    checkpoint: Any
+    error: str | None
+    worker: str | None  # host:pid while leased
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "state": self.state.value,
+            "spec": self.spec,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "checkpoint": self.checkpoint,
+            "error": self.error,
+            "worker": self.worker,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+        }
 
 
 class ChildStore:
@@ -239,6 +270,23 @@ class ChildStore:
             ).first()
         return None if row is None else _view(row)
 
+    def page(
+        self, run_id: int, state: ChildState | None, limit: int, after: int | None
+    ) -> list[ChildDetail]:
+        """The run's children in index order (only those in ``state``), after index ``after``."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "SELECT index, state, spec, attempt, max_attempts, checkpoint, error, owner,"
+                    " started_at, finished_at FROM dtask_children WHERE run_id = :run"
+                    " AND (CAST(:state AS varchar) IS NULL OR state = :state)"
+                    " AND index > :after ORDER BY index LIMIT :limit"
+                ),
+                {"run": run_id, "state": state and state.value, "after": -1 if after is None
+                 else after, "limit": limit},
+            ).all()  # fmt: skip
+        return [_detail(r) for r in rows]
+
     def error(self, run_id: int, index: int) -> str | None:
         with self.db.tx() as conn:
             row = conn.execute(
@@ -246,6 +294,13 @@ class ChildStore:
                 {"run": run_id, "index": index},
             ).first()
         return None if row is None else row.error
+
+
+def _detail(r: Row[Any]) -> ChildDetail:
+    return ChildDetail(
+        r._mapping["index"], ChildState(r.state), r.spec, r.attempt, r.max_attempts,
+        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at,
+    )  # fmt: skip
 
 
 def _view(row: Row[Any]) -> ChildView:

@@ -246,3 +246,23 @@ def test_schedules_over_http_for_admin_tokens(api: str, tokens: dict[str, str]) 
     with urllib.request.urlopen(removed, timeout=30) as response:
         assert response.status == 204
     assert call(api, "GET", f"/schedules/{name}", admin).status == 404
+
+
+def test_a_run_s_children_with_their_ranges_attempts_and_errors(
+    api: str, tokens: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    a = tokens["a"]
+    body = {"template": "always_fails", "variables": {"n": 30, "bad": 15}}  # 3 children of 10
+    run = call(api, "POST", "/runs", a, body).body
+    assert call(api, "GET", f"/runs/{run['id']}?wait=60", a).body["state"] == "failed"
+    assert call(api, "GET", f"/runs/{run['id']}/children", tokens["b"]).status == 404
+    failed = call(api, "GET", f"/runs/{run['id']}/children?state=failed", a).body
+    assert [c["index"] for c in failed["children"]] == [1]
+    child = failed["children"][0]
+    assert child["spec"] == {"a": 11, "b": 20, "bad": 15}
+    assert child["attempt"] == child["max_attempts"] and "item 15 is poison" in child["error"]
+    first = call(api, "GET", f"/runs/{run['id']}/children?limit=2", a).body
+    assert [c["index"] for c in first["children"]] == [0, 1] and first["next_cursor"] == 1
+    rest = call(api, "GET", f"/runs/{run['id']}/children?cursor=1", a).body
+    assert [c["index"] for c in rest["children"]] == [2] and rest["next_cursor"] is None
+    assert rest["children"][0]["state"] == "succeeded"
