@@ -82,6 +82,10 @@ class RateLimited(DtaskError):
         self.retry_after = retry_after  # seconds; inf: this submit can never fit
 
 
+class InvalidNotifyUrl(DtaskError):
+    """The completion notification's URL cannot be used."""
+
+
 class TokenNotFound(DtaskError):
     """No API token with that id."""
 

@@ -34,6 +34,7 @@ STATUS: list[tuple[type[e.DtaskError], int]] = [
     (e.InvalidExecutionCap, 422),
     (e.InvalidDelayTolerance, 422),
     (e.InvalidSchedule, 422),
+    (e.InvalidNotifyUrl, 422),
 ]
 
 

@@ -38,20 +38,24 @@ class RunRequest(BaseModel):
     execution_cap: float | None = None
     client: str | None = Field(None, description="admin tokens only; default the token's client")
     after: list[int] | None = Field(None, description="not supported by this server yet")
-    notify_url: str | None = Field(None, description="not supported by this server yet")
+    notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
 
 
 def _visible(token: Token, run_id: int) -> RunStatus:
-    status = services.store().runs.status(run_id)
-    if not token.sees(status.client):
-        raise RunNotFound(f"no run with id {run_id}")  # another client's: as if it did not exist
+    """The run, if this token may see it; another client's run is answered exactly as a run
+    that does not exist."""
+    try:
+        status: RunStatus | None = services.store().runs.status(run_id)
+    except RunNotFound:
+        status = None
+    if status is None or not token.sees(status.client):
+        raise RunNotFound(f"no run with id {run_id}")
     return status
 
 
 def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
-    unsupported = {n: "not supported yet" for n in ("after", "notify_url") if getattr(body, n)}
-    if unsupported:
-        raise InvalidVariables(f"{', '.join(unsupported)}: not supported yet", unsupported)
+    if body.after:
+        raise InvalidVariables("after: not supported yet", {"after": "not supported yet"})
     client = body.client or token.client
     if not token.sees(client):
         raise Refused(f"this token submits only as client {token.client!r}", 403)
@@ -59,6 +63,7 @@ def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
         body.template, body.variables, body.key,
         execution_cap=body.execution_cap, client=client, priority=body.priority,
         delay_tolerance=body.delay_tolerance, on_late=body.on_late, tier=body.tier,
+        notify_url=body.notify_url,
     )  # fmt: skip
     status = _visible(token, run.id)  # a known key of another client's run: not found
     return status, run.created

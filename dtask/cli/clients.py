@@ -35,6 +35,11 @@ def register(sub: Any) -> None:
     show.add_argument("name")
     show.add_argument("--json", action="store_true")
     ops.add_parser("rm", help="remove a client (its runs stay)").add_argument("name")
+    secret = ops.add_parser(
+        "secret", help="print the secret its completion notifications are signed with"
+    )
+    secret.add_argument("name")
+    secret.add_argument("--rotate", action="store_true", help="replace it with a new one")
 
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,6 +114,8 @@ def _cmd_client(args: argparse.Namespace) -> int:
             )
     elif args.op == "show":
         _print(clients.get_client(args.name), args.json)
+    elif args.op == "secret":
+        print(clients.webhook_secret(args.name, rotate=args.rotate))
     else:
         clients.remove_client(args.name)
         print(f"client {args.name} removed (its runs stay)")

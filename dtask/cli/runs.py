@@ -44,6 +44,9 @@ def register(sub: Any) -> None:
         choices=[t.value for t in Tier],
         help="resource tier its children need (default: the template's, else the client's)",
     )
+    submit.add_argument(
+        "--notify-url", metavar="URL", help="POSTed the run's JSON when it finishes (signed)"
+    )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
@@ -142,6 +145,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         ),
         on_late=args.on_late,
         tier=args.tier,
+        notify_url=args.notify_url,
     )
     if not args.json:
         verb = "submitted" if run.created else "already exists for this key"

@@ -220,7 +220,7 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
-    from dtask.worker import configure, dispatcher, drain, reaper, registry
+    from dtask.worker import configure, dispatcher, drain, notifier, reaper, registry
 
     tier, extra = tiered(extra)
     app = configure()
@@ -239,6 +239,7 @@ def run_worker(extra: Sequence[str]) -> int:
     registry.install()
     reaper.install()
     dispatcher.install()
+    notifier.install()
     drain.install()
     app.worker_main(worker_argv(extra))
     return EXIT_OK

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TypedDict, Unpack
 
 from dtask import services
-from dtask.domain.clients import Client, Rate, Tier, check_name
+from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, Tier, check_name
 from dtask.exceptions import ClientNotFound
 
 
@@ -46,3 +46,12 @@ def list_clients() -> list[Client]:
 def remove_client(name: str) -> None:
     """Forget the client's settings; its runs stay, new submits as it are refused."""
     services.store().clients.remove(check_name(name))
+
+
+def webhook_secret(name: str, rotate: bool = False) -> str:
+    """The secret the client's completion notifications are signed with (made on first use;
+    ``rotate`` replaces it)."""
+    if check_name(name) != DEFAULT_CLIENT:
+        get_client(name)
+    notify = services.store().notify
+    return notify.rotate(name) if rotate else notify.secret(name)

@@ -10,6 +10,7 @@ from typing import Any
 from dtask import services
 from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
+from dtask.domain.notify import check_url
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
@@ -90,6 +91,7 @@ def submit(
     delay_tolerance: float | None = None,
     on_late: OnLate | str | None = None,
     tier: Tier | str | None = None,
+    notify_url: str | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
@@ -98,7 +100,8 @@ def submit(
     to start (see docs/scheduling.md). The run is charged to ``client`` (RateLimited when
     its rate limits refuse it, ClientNotFound for a client never set up); ``priority`` 0 to
     9 (default 5) is capped at the client's maximum; ``tier`` ("basic", "regular" or
-    "premium"; default the template's, else the client's) too.
+    "premium"; default the template's, else the client's) too. ``notify_url`` gets a POST
+    of the run's JSON when it finishes, signed with the client's secret (docs/api.md).
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -111,6 +114,7 @@ def submit(
     late_policy = tpl.options.on_late if on_late is None else on_late_of(on_late, where)
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
+    check_url(notify_url)
     if priority is not None:
         check_priority(priority)
     checked = tpl.validate(variables)
@@ -129,6 +133,7 @@ def submit(
         delay_tolerance=tolerance,
         on_late=late_policy,
         tier=wanted_tier or tpl.options.tier,
+        notify_url=notify_url,
     )
     if created or store.runs.get(run_id).state is RunState.PENDING:
         try:

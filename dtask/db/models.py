@@ -35,6 +35,7 @@ from dtask.domain.clients import (
     Tier,
 )
 from dtask.domain.deadlines import OnLate
+from dtask.domain.notify import Delivery
 from dtask.domain.runs import ChildState, RunState
 from dtask.domain.schedules import Misfire, Overlap
 
@@ -53,7 +54,8 @@ def _one_of(
     | type[Misfire]
     | type[Overlap]
     | type[Tier]
-    | type[OnLate],
+    | type[OnLate]
+    | type[Delivery],
     column: str = "state",
 ) -> str:
     return f"{column} IN (" + ", ".join(f"'{v.value}'" for v in values) + ")"
@@ -89,6 +91,12 @@ class RunRow(Base):
     on_late: Mapped[str] = mapped_column(String(8), server_default=OnLate.RUN.value)
     late: Mapped[bool | None] = mapped_column(Boolean)  # NULL: not decided yet
     tier: Mapped[str] = mapped_column(String(16), server_default=Tier.BASIC.value)
+    notify_url: Mapped[str | None] = mapped_column(Text)
+    notify_state: Mapped[str | None] = mapped_column(String(12))  # NULL: no notify_url
+    notify_attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    notify_next_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    notify_error: Mapped[str | None] = mapped_column(Text)
+    notified_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -108,6 +116,8 @@ class RunRow(Base):
         Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(_one_of(Tier, "tier"), name="tier"),
+        CheckConstraint(_one_of(Delivery, "notify_state"), name="notify_state"),
+        Index(None, "notify_next_at", postgresql_where=text("notify_state = 'waiting'")),
         Index(None, "unsent", postgresql_where=text("unsent > 0")),
         CheckConstraint(
             f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"
@@ -149,6 +159,8 @@ class ChildRow(Base):
         Index(
             None, "run_id", "index", postgresql_where=text("state = 'pending' AND sent_at IS NULL")
         ),
+        # the dispatcher's count of each running run's children out in the broker
+        Index(None, "run_id", postgresql_where=text("state = 'pending' AND sent_at IS NOT NULL")),
     )
 
 
@@ -248,3 +260,13 @@ class TokenRow(Base):
     hint: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class WebhookSecretRow(Base):
+    """The secret a client's completion notifications are signed with."""
+
+    __tablename__ = "dtask_webhook_secrets"
+
+    client: Mapped[str] = mapped_column(String(100), primary_key=True)
+    secret: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -21,7 +21,8 @@ from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
-    " client, priority, deadline, late, tier"
+    " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
+    " notify_error, notified_at"
 )
 
 
@@ -58,6 +59,7 @@ class NewRun:
     delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
     on_late: OnLate = OnLate.RUN
     tier: Tier = Tier.BASIC  # ``queue`` is already the tier's queue
+    notify_url: str | None = None  # POSTed the run's JSON when it finishes
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -68,12 +70,13 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
             " execution_cap, client, priority, expected_children, created_at,"
-            " delay_tolerance, on_late, deadline, tier)"
+            " delay_tolerance, on_late, deadline, tier, notify_url, notify_state)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
             " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
             " clock_timestamp(), :delay_tolerance, :on_late,"
             " coalesce(:slot, clock_timestamp()) + make_interval(secs => :delay_tolerance),"
-            " :tier)"
+            " :tier, CAST(:notify_url AS text),"
+            " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END)"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
         {
@@ -105,6 +108,7 @@ class RunStore:
         delay_tolerance: float | None = None,
         on_late: OnLate = OnLate.RUN,
         tier: Tier | None = None,
+        notify_url: str | None = None,
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created).
 
@@ -125,6 +129,7 @@ class RunStore:
                     execution_cap=execution_cap, client=charged.name,
                     priority=charged.priority_for(priority), expected_children=expected_children,
                     delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
+                    notify_url=notify_url,
                 )  # fmt: skip
                 created = insert_run(conn, new)
                 if created is not None:
@@ -479,4 +484,13 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         deadline=row.deadline,
         late=row.late,
         tier=Tier(row.tier),
+        notify=None
+        if row.notify_url is None
+        else {
+            "url": row.notify_url,
+            "state": row.notify_state,
+            "attempts": row.notify_attempts,
+            "error": row.notify_error,
+            "delivered_at": row.notified_at.isoformat() if row.notified_at else None,
+        },
     )

@@ -10,6 +10,7 @@ from dtask.db.children import ChildStore
 from dtask.db.clients import ClientStore
 from dtask.db.database import Database
 from dtask.db.dispatch import DispatchStore
+from dtask.db.notify import NotifyStore
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
@@ -19,8 +20,9 @@ from dtask.db.workers import WorkerStore
 
 class Store:
     """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules``,
-    ``store.clients``, ``store.workers``, ``store.dispatch`` and ``store.tokens`` share one
-    database (its engines); see ``Database`` for the child owners' engines."""
+    ``store.clients``, ``store.workers``, ``store.dispatch``, ``store.tokens`` and
+    ``store.notify`` share one database (its engines); see ``Database`` for the child
+    owners' engines."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -33,3 +35,4 @@ class Store:
         self.workers = WorkerStore(self.db)
         self.dispatch = DispatchStore(self.db)
         self.tokens = TokenStore(self.db)
+        self.notify = NotifyStore(self.db)

@@ -119,6 +119,7 @@ class RunStatus:
     deadline: datetime | None = None  # to start by: submit time (or slot) + delay tolerance
     late: bool | None = None  # None: not decided yet (or no deadline)
     tier: Tier = Tier.BASIC
+    notify: dict[str, Any] | None = None  # the completion notification's delivery, if asked
 
     @property
     def finished(self) -> bool:
@@ -142,6 +143,7 @@ class RunStatus:
             "deadline": self.deadline.isoformat() if self.deadline else None,
             "late": bool(self.late),
             "tier": self.tier.value,
+            "notify": self.notify,
         }
 
 

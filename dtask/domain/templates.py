@@ -101,6 +101,7 @@ class RunOptions(TypedDict, total=False):
     delay_tolerance: float | None  # seconds it may wait to start; overrides the template's
     on_late: OnLate | str | None  # "run" or "fail" when it did not start in time
     tier: Tier | str | None  # resource tier; overrides the template's (capped by the client's)
+    notify_url: str | None  # POSTed the run's JSON when it finishes (signed, retried)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,7 @@ leave within milliseconds.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +23,7 @@ from dtask import services
 from dtask.domain.dispatch import Passes, plan, window
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
+from dtask.worker.loop import Loop
 from dtask.worker.reaper import Sender
 
 log = logging.getLogger("dtask.worker")
@@ -112,34 +111,6 @@ def nudge() -> None:
         log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
 
 
-class Loop:
-    def __init__(self, interval: float, once: Callable[[], int | None]) -> None:
-        self.interval = interval
-        self.once = once
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="dtask dispatcher", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        wait = self.interval
-        failing = ""
-        while not self._stop.wait(wait):
-            try:
-                waiting = self.once()
-            except Exception as exc:
-                if str(exc) != failing:
-                    log.warning("dispatcher: pass failed, trying again: %s", exc)
-                failing, wait = str(exc), 10 * self.interval
-                continue
-            failing = ""
-            wait = self.interval if waiting else 10 * self.interval
-
-
 _loop: Loop | None = None
 
 
@@ -153,7 +124,7 @@ def _start(**_: Any) -> None:
     global _loop
     settings = services.current().settings
     if _loop is None and settings.dispatch == "window":
-        _loop = Loop(settings.dispatch_interval, _here.once)
+        _loop = Loop("dispatcher", settings.dispatch_interval, _here.once)
         _loop.start()
 
 

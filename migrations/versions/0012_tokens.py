@@ -16,15 +16,17 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "dtask_tokens",
-        sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
+        sa.Column("id", sa.BigInteger(), sa.Identity(), nullable=False),
         sa.Column("client", sa.String(100), nullable=False),
         sa.Column("admin", sa.Boolean(), server_default=sa.text("false"), nullable=False),
-        sa.Column("digest", sa.String(64), nullable=False, unique=True),
+        sa.Column("digest", sa.String(64), nullable=False),
         sa.Column("hint", sa.String(16), nullable=False),
         sa.Column(
             "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("id", name="pk_dtask_tokens"),
+        sa.UniqueConstraint("digest", name="uq_dtask_tokens_digest"),
     )
 
 

@@ -171,7 +171,12 @@ def test_clients_see_only_their_runs_and_a_long_poll_answers_when_the_run_ends(
     a, b, admin = tokens["a"], tokens["b"], tokens["admin"]
     body = {"template": "slow_range", "variables": {"n": 40, "delay": 0.05}}
     run = call(api, "POST", "/runs", a, body).body
-    assert call(api, "GET", f"/runs/{run['id']}", b).status == 404
+    foreign = call(api, "GET", f"/runs/{run['id']}", b)
+    missing = call(api, "GET", "/runs/987654321", b)
+    assert (foreign.status, missing.status) == (404, 404)
+    assert foreign.body["error"].replace(str(run["id"]), "N") == missing.body["error"].replace(
+        "987654321", "N"
+    )  # another client's run reads exactly as one that does not exist
     assert call(api, "POST", f"/runs/{run['id']}/cancel", b).status == 404
     assert run["id"] not in [r["id"] for r in call(api, "GET", "/runs", b).body["runs"]]
     assert call(api, "GET", "/runs?client=api-a", b).status == 403
@@ -266,3 +271,68 @@ def test_a_run_s_children_with_their_ranges_attempts_and_errors(
     rest = call(api, "GET", f"/runs/{run['id']}/children?cursor=1", a).body
     assert [c["index"] for c in rest["children"]] == [2] and rest["next_cursor"] is None
     assert rest["children"][0]["state"] == "succeeded"
+
+
+class Receiver:
+    """A local HTTP listener for completion notifications: 500 to the first, 200 after."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.got.append((dict(self.headers), body))
+                self.send_response(500 if len(receiver.got) == 1 else 200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/done"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_finished_run_is_posted_signed_to_its_notify_url_and_retried(
+    api: str, dtask_env: dict[str, str], tokens: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    import hashlib
+    import hmac
+
+    from tests.support.db import wait_for
+
+    receiver = Receiver()
+    try:
+        body = {"template": "print_range", "variables": {"n": 50}, "notify_url": receiver.url}
+        run = call(api, "POST", "/runs", tokens["a"], body).body
+        assert run["notify"] == {
+            "url": receiver.url, "state": "waiting", "attempts": 0, "error": None,
+            "delivered_at": None,
+        }  # fmt: skip
+        wait_for(lambda: len(receiver.got) >= 2, 60, "the notification's second try")
+        done = call(api, "GET", f"/runs/{run['id']}", tokens["a"]).body
+        assert done["state"] == "succeeded"
+        assert done["notify"]["state"] == "delivered" and done["notify"]["attempts"] == 2
+        secret = subprocess.run(
+            [DTASK, "client", "secret", "api-a"], env=dtask_env, cwd=REPO, capture_output=True,
+            text=True, timeout=60, check=True,
+        ).stdout.strip()  # fmt: skip
+        for headers, raw in receiver.got:
+            expected = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+            assert headers["X-Dtask-Signature"] == expected
+            sent = json.loads(raw)
+            assert (sent["id"], sent["state"]) == (run["id"], "succeeded")
+        assert len(receiver.got) == 2  # delivered: not sent again
+        bad = call(api, "POST", "/runs", tokens["a"], {**body, "notify_url": "ftp://x/y"})
+        assert bad.status == 422 and "notify_url must be an http(s) URL" in bad.body["error"]
+    finally:
+        receiver.close()

@@ -22,13 +22,14 @@ def celery_app(dtask_env: dict[str, str]) -> Iterator[Celery]:
     import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping for the fixture)
 
     from dtask.worker import configure
-    from dtask.worker.dispatcher import Dispatcher, Loop
+    from dtask.worker.dispatcher import Dispatcher
+    from dtask.worker.loop import Loop
 
     app = configure()
     # What `dtask worker` does around its pool: report its slots, run a dispatcher loop.
     workers = services.store().workers
     workers.report("inprocess@test", ("dtask",), 1, os.getpid(), 600)
-    loop = Loop(0.05, Dispatcher().once)
+    loop = Loop("dispatcher", 0.05, Dispatcher().once)
     loop.start()
     try:
         yield app
