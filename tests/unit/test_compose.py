@@ -19,7 +19,7 @@ DTASK_SERVICES = {
 
 
 def test_every_dtask_service_runs_a_real_dtask_command() -> None:
-    assert set(DTASK_SERVICES) == {"migrate", "worker", "beat", "flower"}
+    assert set(DTASK_SERVICES) == {"migrate", "worker", "beat", "flower", "api"}
     known = commands()
     for name, service in DTASK_SERVICES.items():
         assert service["command"][0] in known, name
@@ -31,7 +31,7 @@ def test_every_dtask_service_runs_a_real_dtask_command() -> None:
 
 
 def test_services_wait_for_healthy_dependencies_and_have_healthchecks() -> None:
-    for name in ("postgres", "redis", "worker", "flower"):
+    for name in ("postgres", "redis", "worker", "flower", "api"):
         assert "healthcheck" in SERVICES[name], name
     worker_deps = SERVICES["worker"]["depends_on"]
     assert worker_deps["migrate"]["condition"] == "service_completed_successfully"
@@ -43,6 +43,12 @@ def test_flower_is_behind_basic_auth() -> None:
     flower = SERVICES["flower"]
     assert "DTASK_FLOWER_AUTH" in flower["environment"]
     assert "0.0.0.0" in flower["command"]
+
+
+def test_the_api_is_published_on_the_host_s_loopback_only() -> None:
+    api = SERVICES["api"]
+    assert api["command"][:1] == ["serve"]
+    assert all(port.startswith("127.0.0.1:") for port in api["ports"])
 
 
 def test_every_env_var_is_documented() -> None:
