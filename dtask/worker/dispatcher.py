@@ -12,8 +12,8 @@ leave within milliseconds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +37,14 @@ def broker_priority(priority: int) -> int:
     return 3 if priority >= 7 else 6 if priority >= 3 else 9
 
 
+IDLE_GAP = 2.0  # seconds between passes with work waiting: longer is an idle queue
+
+
 @dataclass
 class Pace:
-    """How fast a queue's messages are taken, from what the dispatcher saw between passes."""
+    """How fast a queue's messages are taken, from what the dispatcher saw between passes.
+    A gap without passes (nothing waited) is not measured: the next run starts with the pace
+    the queue last had, not with one decayed towards zero by the idle time."""
 
     at: float = 0.0
     expected: int = 0  # messages out after the last pass: queued then plus sent then
@@ -47,7 +52,7 @@ class Pace:
 
     def update(self, queued_now: int) -> float:
         now = time.monotonic()
-        if self.at:
+        if self.at and now - self.at < IDLE_GAP:
             taken = max(0, self.expected - queued_now)
             rate = taken / max(now - self.at, 1e-3)
             self.per_second = 0.7 * self.per_second + 0.3 * rate
@@ -57,17 +62,31 @@ class Pace:
 
 @dataclass
 class Dispatcher:
-    """The state one process keeps between its passes (fair-share passes, paces)."""
+    """The state one process keeps between its passes (fair-share passes, paces, and its own
+    broker connection: opening one per pass cost more than the pass's queries)."""
 
     passes: dict[str, Passes] = field(default_factory=dict)
     paces: dict[str, Pace] = field(default_factory=dict)
+    sender: Sender | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def once(self) -> int | None:
         """One pass: how many runs have children waiting (0: nothing to do; the loop slows
-        down), or None when another process holds the turn."""
+        down), or None when another process holds the turn. A pass that fails drops the
+        connection; the next opens a new one."""
+        with self.lock:
+            self.sender = self.sender or Sender()
+            try:
+                return self._pass(self.sender)
+            except BaseException:
+                self.sender.close()
+                self.sender = None
+                raise
+
+    def _pass(self, sender: Sender) -> int | None:
         settings = services.current().settings
         store = services.store()
-        with store.dispatch.turn() as turn, closing(Sender()) as sender:
+        with store.dispatch.turn() as turn:
             if turn is None:
                 return None
             demands = turn.demands()
