@@ -40,7 +40,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: ~15 minutes; writes docs/benchmarks.md and docs/benchmarks/*.png.
+# Not part of `make test`: ~18 minutes; writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
