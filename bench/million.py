@@ -64,8 +64,23 @@ def main() -> int:
         took = time.monotonic() - start
     finally:
         stop.set()
-        for proc in list(workers.procs):
-            workers.stop(proc)
+        workers.stop_all()
+    try:
+        return _report(engine, run, status, took, samples, before, args.children)
+    finally:
+        from dtask.services import embedded
+
+        services.reset()
+        embedded.stop(work / "home")
+
+
+def _report(
+    engine: Any, run: Any, status: Any, took: float, samples: list[Any], before: int, n: int
+) -> int:
+    from sqlalchemy import text
+
+    import dtask
+
     with engine.connect() as conn:
         row: Any = conn.execute(
             text(
@@ -80,7 +95,7 @@ def main() -> int:
         ).scalar_one()
     print(
         f"run {run.id}: {status.state.value}, {row.ok:,}/{row.n:,} children succeeded,"
-        f" highest attempt {row.attempts}, {took:.0f} s ({args.children / took:.0f}/s)"
+        f" highest attempt {row.attempts}, {took:.0f} s ({n / took:.0f}/s)"
     )
     print(f"first child {row.first}, split and start took {split}")
     if samples:
@@ -90,7 +105,7 @@ def main() -> int:
             f" Redis used_memory {before / 2**20:.1f} MiB before, at most"
             f" {max(s[2] for s in samples) / 2**20:.1f} MiB during ({len(samples)} samples)"
         )
-    ok = status.state is dtask.RunState.SUCCEEDED and row.ok == row.n == args.children
+    ok = status.state is dtask.RunState.SUCCEEDED and row.ok == row.n == n
     return 0 if ok else 1
 
 

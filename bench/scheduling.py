@@ -34,8 +34,11 @@ def main() -> int:
         fair = _fairness(dtask, engine)
         urgent = _priority(dtask, engine)
     finally:
-        for proc in list(workers.procs):
-            workers.stop(proc)
+        from dtask.services import embedded
+
+        workers.stop_all()
+        services.reset()
+        embedded.stop(work / "home")
     _plot(fair, urgent, PLOT)
     print(f"plot: {PLOT.relative_to(REPO)} (work dir {work})")
     return 0
