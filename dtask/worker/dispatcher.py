@@ -12,6 +12,7 @@ leave within milliseconds.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,22 @@ class Pace:
         return self.per_second
 
 
+class Forks:
+    """How many children this process has forked. A child forked while a kombu Redis
+    connection is open shuts that connection's socket down in its after-fork cleanup, for
+    the parent too: after every fork (a pool process replaced) the parent's dispatcher opens
+    a new connection."""
+
+    count = 0
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.count += 1
+
+
+os.register_at_fork(after_in_parent=Forks.forked)
+
+
 @dataclass
 class Dispatcher:
     """The state one process keeps between its passes (fair-share passes, paces, and its own
@@ -68,14 +85,22 @@ class Dispatcher:
     passes: dict[str, Passes] = field(default_factory=dict)
     paces: dict[str, Pace] = field(default_factory=dict)
     sender: Sender | None = None
+    sender_forks: int = 0
+    pid: int = field(default_factory=os.getpid)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def once(self) -> int | None:
         """One pass: how many runs have children waiting (0: nothing to do; the loop slows
         down), or None when another process holds the turn. A pass that fails drops the
-        connection; the next opens a new one."""
+        connection, and so does a fork since the last pass; the next opens a new one."""
+        if self.pid != os.getpid():  # a forked child: its parent's lock and socket are not its
+            self.pid, self.lock, self.sender = os.getpid(), threading.Lock(), None
         with self.lock:
-            self.sender = self.sender or Sender()
+            if self.sender is not None and self.sender_forks != Forks.count:
+                self.sender.close()
+                self.sender = None
+            if self.sender is None:
+                self.sender, self.sender_forks = Sender(), Forks.count
             try:
                 return self._pass(self.sender)
             except BaseException:
