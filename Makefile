@@ -9,7 +9,7 @@ MINUTES ?= 10
 SEED ?= 1
 DISPATCH ?= all
 
-.PHONY: install demo test lint typecheck unit bench soak clean
+.PHONY: install demo test lint typecheck unit bench soak clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,18 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
 
-test: lint typecheck
+# The dashboard's browser tests drive Debian's Chromium: installed here when it is missing and
+# apt can (root); otherwise those tests are skipped with the reason.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Chromium (apt-get) for the dashboard's browser tests..."; \
+	    apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	    echo "could not install Chromium: the browser tests will be skipped"; \
+	  else echo "no Chromium (and no root apt-get): the browser tests will be skipped"; fi; }
+
+test: lint typecheck chromium
 	$(BIN)/pytest -q --durations=25
 
 $(BENCH_STAMP): $(STAMP)

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     db_lock_timeout: float = Field(30.0, ge=0.0)
     db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0)
     flower_auth: SecretStr | None = None
+    # Alerts (the monitor in every worker and `dtask serve`): thresholds in seconds.
+    idle_alert: float = Field(900.0, gt=0)  # a worker with no child this long: remove it?
+    stall_alert: float = Field(600.0, gt=0)  # an unfinished run where nothing changed
+    misfire_alert: float = Field(3600.0, gt=0)  # a missed schedule slot stays an alert
+    worker_forget: float = Field(3600.0, gt=0)  # a silent worker's row (and alert) is dropped
+    alert_webhook: SecretStr | None = None  # POSTed each alert as it opens and closes
 
     @field_validator("home")
     @classmethod
@@ -189,6 +195,11 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         "seconds a transaction may sit idle before PostgreSQL ends it (0 = no limit)",
     ),
     "DTASK_FLOWER_AUTH": ("", "user:password for Flower; required beyond loopback"),
+    "DTASK_IDLE_ALERT": ("900", "seconds a worker may run nothing before a worker_idle alert"),
+    "DTASK_STALL_ALERT": ("600", "seconds an unfinished run may not change before an alert"),
+    "DTASK_MISFIRE_ALERT": ("3600", "seconds a missed schedule slot stays an alert"),
+    "DTASK_WORKER_FORGET": ("3600", "seconds before a silent worker (and its alert) is dropped"),
+    "DTASK_ALERT_WEBHOOK": ("", "URL POSTed each alert as it opens and closes (never logged)"),
 }
 
 

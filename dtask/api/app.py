@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from dtask import services
-from dtask.api import errors, runs, schedules
+from dtask.api import errors, metrics, runs, schedules
 from dtask.api.auth import Admin, Caller
 
 PREFIX = "/api/v1"
+DASHBOARD = Path(__file__).with_name("dashboard")
+# The page loads only its own script and style and talks only to this server; no framing.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 other = APIRouter(tags=["cluster"])
 
 
@@ -32,6 +43,12 @@ def _templates() -> list[dict[str, Any]]:
     ]
 
 
+@other.get("/me")
+async def who_am_i(token: Caller) -> dict[str, Any]:
+    """Whom this token acts for."""
+    return {"client": token.client, "admin": token.admin}
+
+
 @other.get("/templates")
 async def list_templates(token: Caller) -> list[dict[str, Any]]:
     """The registered templates with their parameters."""
@@ -48,8 +65,8 @@ async def list_workers(token: Caller) -> list[dict[str, object]]:
 
 @other.get("/clients")
 async def list_clients(token: Admin) -> list[dict[str, Any]]:
-    """Every client's settings (admin tokens only)."""
-    found = await run_in_threadpool(services.store().clients.list)
+    """Every client's settings and current use (admin tokens only)."""
+    found = await run_in_threadpool(services.store().clients.list, True)
     return [c.as_json() for c in found]
 
 
@@ -62,7 +79,19 @@ def create_app() -> FastAPI:
         redoc_url=None,
     )
     errors.install(app)
+    app.add_middleware(GZipMiddleware, minimum_size=2048)
+
+    @app.middleware("http")
+    async def page_headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        response.headers.update(PAGE_HEADERS)
+        return response
+
     app.include_router(runs.router, prefix=PREFIX)
     app.include_router(schedules.router, prefix=PREFIX)
     app.include_router(other, prefix=PREFIX)
+    app.include_router(metrics.alerts, prefix=PREFIX)
+    app.include_router(metrics.router)
+    # Last: the dashboard answers every path the API does not (its data needs a token).
+    app.mount("/", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
     return app

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -13,13 +11,13 @@ from starlette.concurrency import run_in_threadpool
 from dtask import services
 from dtask.api.auth import Caller
 from dtask.api.errors import Refused
+from dtask.api.waiting import waits
 from dtask.client.runs import get_run, submit
 from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
 from dtask.exceptions import InvalidVariables, RunNotFound
 
 router = APIRouter(prefix="/runs", tags=["runs"])
-LONG_POLL = 0.5  # seconds between looks at a run while a ?wait= holds
 MOST_WAIT = 300.0
 
 
@@ -86,9 +84,8 @@ async def read_run(
 ) -> dict[str, Any]:
     """The run; with ``wait`` the answer comes when it finishes or after ``wait`` seconds."""
     status = await run_in_threadpool(_visible, token, run_id)
-    deadline = time.monotonic() + wait
-    while not status.finished and (left := deadline - time.monotonic()) > 0:
-        await asyncio.sleep(min(LONG_POLL, left))
+    if wait and not status.finished:
+        await waits.until_finished(run_id, wait)
         status = await run_in_threadpool(_visible, token, run_id)
     return status.as_json()
 
@@ -148,6 +145,23 @@ async def list_children(
 ) -> dict[str, Any]:
     """The run's children in index order: range, attempts, checkpoint, error, worker."""
     return await run_in_threadpool(_children, token, run_id, state, limit, cursor)
+
+
+def _grid(token: Token, run_id: int) -> dict[str, Any]:
+    status = _visible(token, run_id)
+    runs = services.store().children.grid(run_id)
+    return {
+        "total": sum(n for _, n in runs),
+        "runs": runs,
+        "children": status.as_json()["children"],
+    }
+
+
+@router.get("/{run_id}/grid")
+async def child_grid(run_id: int, token: Caller) -> dict[str, Any]:
+    """Every child's state in index order, run-length encoded (``runs``: [[state, count],
+    ...], ``waiting`` = not yet sent to the broker): the dashboard's grid."""
+    return await run_in_threadpool(_grid, token, run_id)
 
 
 def _act(token: Token, run_id: int, action: str) -> RunStatus:

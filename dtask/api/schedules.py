@@ -74,9 +74,8 @@ def _put(name: str, body: ScheduleBody) -> tuple[dict[str, Any], bool]:
 
 @router.get("")
 async def list_schedules(token: Admin) -> list[dict[str, Any]]:
-    found = await run_in_threadpool(scheduling.list_schedules)
-    now = datetime.now(UTC)
-    return [s.as_json(now) for s in found]
+    """Every schedule with its next five slots and latest runs."""
+    return await run_in_threadpool(lambda: [shown(s) for s in scheduling.list_schedules()])
 
 
 @router.get("/{name}")

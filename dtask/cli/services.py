@@ -220,7 +220,7 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
-    from dtask.worker import configure, dispatcher, drain, notifier, reaper, registry
+    from dtask.worker import configure, dispatcher, drain, monitor, notifier, reaper, registry
 
     tier, extra = tiered(extra)
     app = configure()
@@ -240,6 +240,7 @@ def run_worker(extra: Sequence[str]) -> int:
     reaper.install()
     dispatcher.install()
     notifier.install()
+    monitor.install()
     drain.install()
     app.worker_main(worker_argv(extra))
     return EXIT_OK

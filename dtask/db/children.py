@@ -6,6 +6,7 @@ conditional on its fence: a stale owner matches no row and gets LeaseLost.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -287,6 +288,21 @@ class ChildStore:
             ).all()  # fmt: skip
         return [_detail(r) for r in rows]
 
+    def grid(self, run_id: int) -> list[tuple[str, int]]:
+        """The run's children in index order as runs of one state: [(state, how many), ...];
+        a pending child not yet sent to the broker is ``waiting``. One letter per child
+        crosses the wire (about 0.1 s for 100,000 children)."""
+        with self.db.tx() as conn:
+            letters = conn.execute(
+                sql(
+                    "SELECT string_agg(CASE WHEN state = 'pending' AND sent_at IS NULL"
+                    "   THEN 'w' ELSE left(state, 1) END, '' ORDER BY index)"
+                    " FROM dtask_children WHERE run_id = :run"
+                ),
+                {"run": run_id},
+            ).scalar()
+        return [(_GRID_STATES[k], sum(1 for _ in g)) for k, g in itertools.groupby(letters or "")]
+
     def error(self, run_id: int, index: int) -> str | None:
         with self.db.tx() as conn:
             row = conn.execute(
@@ -294,6 +310,9 @@ class ChildStore:
                 {"run": run_id, "index": index},
             ).first()
         return None if row is None else row.error
+
+
+_GRID_STATES = {"w": "waiting", **{s.value[0]: s.value for s in ChildState}}
 
 
 def _detail(r: Row[Any]) -> ChildDetail:

@@ -103,14 +103,17 @@ class ClientStore:
             client = _client_or_default(row, name)
             return Client(**{**vars(client), "usage": self._usage(conn, client)})
 
-    def list(self) -> list[Client]:
+    def list(self, usage: bool = False) -> list[Client]:
+        """Every client (``default`` always), with what each uses now if ``usage``."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients ORDER BY name")
             ).all()
-        clients = [client_from_row(r) for r in rows]
-        if all(c.name != DEFAULT_CLIENT for c in clients):
-            clients.insert(0, Client(DEFAULT_CLIENT))
+            clients = [client_from_row(r) for r in rows]
+            if all(c.name != DEFAULT_CLIENT for c in clients):
+                clients.insert(0, Client(DEFAULT_CLIENT))
+            if usage:
+                clients = [Client(**{**vars(c), "usage": self._usage(conn, c)}) for c in clients]
         return clients
 
     def save(self, client: Client) -> None:

@@ -189,6 +189,8 @@ class ScheduleRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     delay_tolerance: Mapped[float | None] = mapped_column(Float)  # NULL: the template's
     on_late: Mapped[str | None] = mapped_column(String(8))  # NULL: the template's
+    misfired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    misfire_note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
@@ -246,6 +248,10 @@ class WorkerRow(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    busy: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children running
+    idle_since: Mapped[datetime | None] = mapped_column(  # NULL while busy
+        DateTime(timezone=True), server_default=func.now(), nullable=True
+    )
 
 
 class TokenRow(Base):
@@ -270,3 +276,36 @@ class WebhookSecretRow(Base):
     client: Mapped[str] = mapped_column(String(100), primary_key=True)
     secret: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class AlertRow(Base):
+    """An alert: open while its condition holds (at most one open per kind and subject)."""
+
+    __tablename__ = "dtask_alerts"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(200))
+    message: Mapped[str] = mapped_column(Text)
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index(
+            "ux_dtask_alerts_open",
+            "kind",
+            "subject",
+            unique=True,
+            postgresql_where=text("closed_at IS NULL"),
+        ),
+    )
+
+
+class CounterRow(Base):
+    """A cluster-wide counter for /metrics: every process adds to the same row."""
+
+    __tablename__ = "dtask_counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    label: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")
+    value: Mapped[float] = mapped_column(Float, server_default=text("0"))

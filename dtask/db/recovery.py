@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from dtask.db import counters
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
 from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
@@ -62,7 +63,7 @@ class RecoveryStore:
                 ).scalar()
             )
 
-    def release_expired(self, limit: int = 1000) -> list[Redispatch]:
+    def release_expired(self, limit: int = 1000, lease_ttl: float = 8.0) -> list[Redispatch]:
         """Expired leases (their owner died or hung) -> pending again; returns those of running
         runs, to be re-sent at once.
 
@@ -71,24 +72,33 @@ class RecoveryStore:
         never fill the limit ahead of children that can run.
         The dead owner's attempt stays counted, so a child that kills its process every time
         runs out of attempts instead of looping.
+
+        Counted for /metrics: each expiry, each re-send, and the failover time (from the
+        owner's last lease renewal, ``lease_ttl`` before its expiry, to this re-send).
         """
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "UPDATE dtask_children c SET state = 'pending', owner = NULL,"
-                    " lease_expires_at = NULL, updated_at = now(), sent_at = now()"
-                    " FROM dtask_runs r WHERE c.id IN ("
-                    "   SELECT e.id FROM dtask_children e JOIN dtask_runs er ON er.id = e.run_id"
+                    "WITH e AS ("
+                    "   SELECT e.id, e.lease_expires_at FROM dtask_children e"
+                    "   JOIN dtask_runs er ON er.id = e.run_id"
                     "   WHERE e.state = 'running' AND e.lease_expires_at < now()"
                     "   ORDER BY er.state = 'running' DESC, e.lease_expires_at LIMIT :limit"
                     "   FOR UPDATE OF e SKIP LOCKED)"
-                    " AND r.id = c.run_id"
+                    " UPDATE dtask_children c SET state = 'pending', owner = NULL,"
+                    " lease_expires_at = NULL, updated_at = now(), sent_at = now()"
+                    " FROM e, dtask_runs r WHERE c.id = e.id AND r.id = c.run_id"
                     " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue,"
-                    " r.state = 'running' AS resend"
+                    " r.state = 'running' AS resend,"
+                    " extract(epoch FROM now() - e.lease_expires_at) AS overdue"
                 ),
                 {"limit": limit},
             ).all()
-        return [redispatch_from_row(r) for r in rows if r.resend]
+            resent = [r for r in rows if r.resend]
+            counters.add(conn, counters.LEASE_EXPIRIES, len(rows))
+            counters.add(conn, counters.REDISPATCHED, len(resent))
+            counters.observe_failovers(conn, (lease_ttl + float(r.overdue) for r in resent))
+        return [redispatch_from_row(r) for r in resent]
 
     def waiting(self, stall: float) -> list[Waiting]:
         """Per queue of running runs: how many children are pending (their messages should be
@@ -133,6 +143,7 @@ class RecoveryStore:
                 ),
                 {"queue": queue, "stall": stall, "limit": limit},
             ).all()
+            counters.add(conn, counters.REDISPATCHED, len(rows))
         return [redispatch_from_row(r) for r in rows]
 
     def take_stuck(self, stall: float, limit: int = 100) -> list[tuple[int, RunState]]:

@@ -11,13 +11,14 @@ from typing import Any
 
 from sqlalchemy import Connection, Row
 
+from dtask.db import counters
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
 from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
 from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
 from dtask.domain.tiers import tier_queue
-from dtask.exceptions import DtaskError, KeyConflict, RunNotFound
+from dtask.exceptions import DtaskError, KeyConflict, RateLimited, RunNotFound
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
@@ -92,6 +93,7 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
 class RunStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.counters = counters.CounterStore(db)
 
     def create(
         self,
@@ -115,27 +117,32 @@ class RunStore:
         A new run is charged to ``client`` (RateLimited when its rate limits refuse it); a
         known key returns its run and costs nothing. Its children go to the queue of the
         tier it gets (``tier``, capped by the client's)."""
-        with self.db.tx() as conn:
-            existing = self._by_key(conn, key)
-            if existing is None:
-                charged = lock_client(conn, client)
-                # a submit of the same key may have committed while this one waited
+        try:
+            with self.db.tx() as conn:
                 existing = self._by_key(conn, key)
-            if existing is None:
-                check_rates(conn, charged, expected_children)
-                granted = charged.tier_for(tier)
-                new = NewRun(
-                    template, key, variables, max_attempts, tier_queue(queue, granted),
-                    execution_cap=execution_cap, client=charged.name,
-                    priority=charged.priority_for(priority), expected_children=expected_children,
-                    delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
-                    notify_url=notify_url,
-                )  # fmt: skip
-                created = insert_run(conn, new)
-                if created is not None:
-                    return created, True
-                existing = self._by_key(conn, key)
-            assert existing is not None
+                if existing is None:
+                    charged = lock_client(conn, client)
+                    # a submit of the same key may have committed while this one waited
+                    existing = self._by_key(conn, key)
+                if existing is None:
+                    check_rates(conn, charged, expected_children)
+                    granted = charged.tier_for(tier)
+                    new = NewRun(
+                        template, key, variables, max_attempts, tier_queue(queue, granted),
+                        execution_cap=execution_cap, client=charged.name,
+                        priority=charged.priority_for(priority),
+                        expected_children=expected_children,
+                        delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
+                        notify_url=notify_url,
+                    )  # fmt: skip
+                    created = insert_run(conn, new)
+                    if created is not None:
+                        return created, True
+                    existing = self._by_key(conn, key)
+                assert existing is not None
+        except RateLimited:  # counted once its transaction is rolled back
+            self.counters.add(counters.RATE_LIMITED, label=client)
+            raise
         if existing.template != template or existing.variables != variables:
             raise KeyConflict(
                 f"key {key!r} already triggered run {existing.id} of {existing.template!r}"
@@ -427,6 +434,19 @@ class RunStore:
             if row is None:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
             return _status(row, self._counts(conn, run_id))
+
+    def finished_among(self, run_ids: Sequence[int]) -> set[int]:
+        """Which of ``run_ids`` have finished (what every long poll of a server waits on, in
+        one query)."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "SELECT id FROM dtask_runs WHERE id = ANY(:ids)"
+                    " AND state IN ('succeeded', 'failed', 'cancelled')"
+                ),
+                {"ids": list(run_ids)},
+            ).all()
+        return {r.id for r in rows}
 
     def statuses(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, text
 
+from dtask.db import counters
 from dtask.db.database import Database
 from dtask.db.runs import NewRun, insert_run
 from dtask.domain.cron import Cron
@@ -36,6 +37,8 @@ class Firing:
     buffered: datetime | None
     error: str | None = None
     changed: bool = True  # False: nothing to write (most passes of most schedules)
+    missed: str | None = None  # what this pass found missed (a misfire), for the alert
+    missed_slots: int = 0
 
 
 @dataclass
@@ -183,6 +186,8 @@ class ScheduleStore:
                 ).scalar_one()
                 fired.existing.append((run_id, run))
             last_run = run_id
+        counters.add(conn, counters.SLOTS_FIRED, len(firing.runs), name)
+        counters.add(conn, counters.SLOTS_MISSED, firing.missed_slots, name)
         conn.execute(
             text(
                 "UPDATE dtask_schedules SET decided_until = greatest(decided_until, :until),"
@@ -190,6 +195,9 @@ class ScheduleStore:
                 " last_run_id = coalesce(CAST(:last_run AS bigint), last_run_id),"
                 " last_error = CASE WHEN CAST(:error AS text) IS NOT NULL THEN :error"
                 "   WHEN CAST(:last_run AS bigint) IS NOT NULL THEN NULL ELSE last_error END,"
+                " misfired_at = CASE WHEN CAST(:missed AS text) IS NOT NULL THEN now()"
+                "   ELSE misfired_at END,"
+                " misfire_note = coalesce(CAST(:missed AS text), misfire_note),"
                 " updated_at = now() WHERE name = :name"
             ),
             {
@@ -198,6 +206,7 @@ class ScheduleStore:
                 "buffered": firing.buffered,
                 "last_run": last_run,
                 "error": firing.error,
+                "missed": firing.missed,
             },
         )
 

@@ -11,7 +11,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from dtask.db.engine import unreachable
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
-HEAD = "0014"
+HEAD = "0015"
 _upgrading = threading.Lock()
 
 

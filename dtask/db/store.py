@@ -6,10 +6,13 @@ or late broker message can never move a run or child the wrong way.
 
 from __future__ import annotations
 
+from dtask.db.alerts import AlertStore
 from dtask.db.children import ChildStore
 from dtask.db.clients import ClientStore
+from dtask.db.counters import CounterStore
 from dtask.db.database import Database
 from dtask.db.dispatch import DispatchStore
+from dtask.db.metrics import MetricsStore
 from dtask.db.notify import NotifyStore
 from dtask.db.recovery import RecoveryStore
 from dtask.db.runs import RunStore
@@ -19,10 +22,9 @@ from dtask.db.workers import WorkerStore
 
 
 class Store:
-    """``store.runs``, ``store.children``, ``store.recovery``, ``store.schedules``,
-    ``store.clients``, ``store.workers``, ``store.dispatch``, ``store.tokens`` and
-    ``store.notify`` share one database (its engines); see ``Database`` for the child
-    owners' engines."""
+    """``store.runs``, ``store.children``, ``store.recovery`` and the other stores, one per
+    aggregate, share one database (its engines); see ``Database`` for the child owners'
+    engines."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -36,3 +38,6 @@ class Store:
         self.dispatch = DispatchStore(self.db)
         self.tokens = TokenStore(self.db)
         self.notify = NotifyStore(self.db)
+        self.alerts = AlertStore(self.db)
+        self.counters = CounterStore(self.db)
+        self.metrics = MetricsStore(self.db)

@@ -18,6 +18,8 @@ class WorkerInfo:
     pid: int
     started_at: datetime
     seen_ago: float  # seconds, by PostgreSQL's clock
+    busy: int = 0  # children running on it at its last report
+    idle_for: float | None = None  # seconds without a child; None while busy
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -27,6 +29,8 @@ class WorkerInfo:
             "pid": self.pid,
             "started_at": self.started_at.isoformat(),
             "seen_ago": round(self.seen_ago, 1),
+            "busy": self.busy,
+            "idle_for": None if self.idle_for is None else round(self.idle_for, 1),
         }
 
 
@@ -34,27 +38,26 @@ class WorkerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def report(self, name: str, queues: Sequence[str], slots: int, pid: int, within: float) -> None:
-        """This worker is alive, consumes ``queues`` and runs up to ``slots`` children; rows
-        not seen for ten times ``within`` (dead workers') are removed."""
+    def report(self, name: str, queues: Sequence[str], slots: int, pid: int, busy: int) -> None:
+        """This worker is alive, consumes ``queues``, runs up to ``slots`` children and is
+        running ``busy`` now. Rows of workers that stopped reporting stay (the monitor's
+        `worker_lost` alert) until the monitor forgets them."""
         with self.db.tx() as conn:
             conn.execute(
                 sql(
-                    "DELETE FROM dtask_workers"
-                    " WHERE seen_at < now() - make_interval(secs => :within * 10)"
-                ),
-                {"within": within},
-            )
-            conn.execute(
-                sql(
-                    "INSERT INTO dtask_workers (name, queues, slots, pid)"
-                    " VALUES (:name, :queues, :slots, :pid)"
+                    "INSERT INTO dtask_workers (name, queues, slots, pid, busy, idle_since)"
+                    " VALUES (:name, :queues, :slots, :pid, :busy,"
+                    "   CASE WHEN :busy > 0 THEN NULL ELSE now() END)"
                     " ON CONFLICT (name) DO UPDATE SET queues = excluded.queues,"
                     " slots = excluded.slots, pid = excluded.pid, seen_at = now(),"
+                    " busy = excluded.busy,"
+                    " idle_since = CASE WHEN excluded.busy > 0 THEN NULL"
+                    "   WHEN dtask_workers.pid <> excluded.pid THEN now()"
+                    "   ELSE coalesce(dtask_workers.idle_since, now()) END,"
                     " started_at = CASE WHEN dtask_workers.pid = excluded.pid"
                     "   THEN dtask_workers.started_at ELSE now() END"
                 ),
-                {"name": name, "queues": sorted(queues), "slots": slots, "pid": pid},
+                {"name": name, "queues": sorted(queues), "slots": slots, "pid": pid, "busy": busy},
             )
 
     def leave(self, name: str) -> None:
@@ -68,12 +71,22 @@ class WorkerStore:
             rows = conn.execute(
                 sql(
                     "SELECT name, queues, slots, pid, started_at,"
-                    " extract(epoch FROM now() - seen_at) AS seen_ago FROM dtask_workers"
+                    " extract(epoch FROM now() - seen_at) AS seen_ago, busy,"
+                    " extract(epoch FROM now() - idle_since) AS idle_for FROM dtask_workers"
                     " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
                 ),
                 {"within": within},
             ).all()
         return [
-            WorkerInfo(r.name, tuple(r.queues), r.slots, r.pid, r.started_at, float(r.seen_ago))
+            WorkerInfo(
+                r.name,
+                tuple(r.queues),
+                r.slots,
+                r.pid,
+                r.started_at,
+                float(r.seen_ago),
+                r.busy,
+                None if r.idle_for is None else float(r.idle_for),
+            )
             for r in rows
         ]

@@ -398,7 +398,7 @@ class Schedule:
             "start": _iso_or_none(timing.start_at),
             "end": _iso_or_none(timing.end_at),
             "enabled": self.enabled,
-            "next_slots": [iso(s) for s in timing.upcoming(now, 3)] if self.enabled else [],
+            "next_slots": [iso(s) for s in timing.upcoming(now, 5)] if self.enabled else [],
             "buffered": _iso_or_none(self.buffered),
             "last_run_id": self.last_run_id,
             "last_error": self.last_error,

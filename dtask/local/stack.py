@@ -193,11 +193,11 @@ class Stack:
             f"logs      {self.logs}",
         ]
         if self.api:
-            lines.insert(
-                0,
-                f"api       http://127.0.0.1:{self.api_port}/api/v1 (a token: `dtask token create"
-                " --client default`)",
-            )
+            lines[0:0] = [
+                f"dashboard http://127.0.0.1:{self.api_port}/ (log in with a token: `dtask token"
+                " create --client default --admin`)",
+                f"api       http://127.0.0.1:{self.api_port}/api/v1",
+            ]
         if self.flower:
             auth = " (user/password from DTASK_FLOWER_AUTH)" if flower_auth("127.0.0.1") else ""
             lines.insert(0, f"flower    {self.flower_url}{auth}")

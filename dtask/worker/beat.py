@@ -52,9 +52,13 @@ class Pass:
         upcoming = schedule.timing.next_slot(tick.decided_until)
         if upcoming is not None:
             self.wake_in = min(self.wake_in, (upcoming - now).total_seconds())
+        missed, missed_slots = _missed(schedule, tick)
         if not tick.fire:
             _explain(schedule, tick)
-            return Firing([], tick.decided_until, tick.buffered, changed=tick.changed)
+            return Firing(
+                [], tick.decided_until, tick.buffered, changed=tick.changed,
+                missed=missed, missed_slots=missed_slots,
+            )  # fmt: skip
         try:
             runs = _runs(schedule, tick)
         except DtaskError as exc:
@@ -64,7 +68,25 @@ class Pass:
             # read the same on every pass, or it is logged and written once a second.
             return _failed(schedule, f"slots after {iso(schedule.decided_until)} not run: {exc}")
         _explain(schedule, tick)
-        return Firing(runs, tick.decided_until, tick.buffered)
+        return Firing(
+            runs, tick.decided_until, tick.buffered, missed=missed, missed_slots=missed_slots
+        )
+
+
+MISSED_COUNTED = 1000  # slots counted one by one for the metric; past that, this many
+
+
+def _missed(schedule: Schedule, tick: Tick) -> tuple[str | None, int]:
+    """What was missed, said the way the log says it, and how many slots."""
+    if tick.missed is None:
+        return None, 0
+    after, until = tick.missed
+    slots = len(schedule.timing.slots(after, until, MISSED_COUNTED))
+    note = (
+        f"{slots} slot(s) after {iso(after)} up to {iso(until)} were missed (no beat ran);"
+        f" misfire policy {schedule.timing.misfire.value}"
+    )
+    return note, slots
 
 
 def _failed(schedule: Schedule, error: str) -> Firing:

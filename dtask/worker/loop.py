@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
+
+from celery.signals import worker_ready, worker_shutting_down
 
 log = logging.getLogger("dtask.worker")
 
@@ -37,3 +40,21 @@ class Loop:
                 continue
             failing = ""
             wait = self.interval if busy else 10 * self.interval
+
+
+def in_worker(name: str, interval: float, once: Callable[[], int | None]) -> None:
+    """Run ``once`` in a :class:`Loop` in every worker's main process, from the moment the
+    worker is ready until it shuts down."""
+    loop = Loop(name, interval, once)
+    started = threading.Event()
+
+    def start(**_: Any) -> None:
+        if not started.is_set():
+            started.set()
+            loop.start()
+
+    def stop(**_: Any) -> None:
+        loop.stop()
+
+    worker_ready.connect(start, weak=False)
+    worker_shutting_down.connect(stop, weak=False)

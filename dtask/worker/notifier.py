@@ -12,12 +12,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutting_down
-
 from dtask import services
 from dtask.db.notify import Due
 from dtask.domain.notify import SIGNATURE_HEADER, backoff, signature
-from dtask.worker.loop import Loop
+from dtask.worker.loop import in_worker
 
 log = logging.getLogger("dtask.worker")
 INTERVAL = 0.5
@@ -61,21 +59,5 @@ def _post(item: Due, run: dict[str, Any]) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-_loop: Loop | None = None
-
-
 def install() -> None:
-    worker_ready.connect(_start, weak=False)
-    worker_shutting_down.connect(_stop, weak=False)
-
-
-def _start(**_: Any) -> None:
-    global _loop
-    if _loop is None:
-        _loop = Loop("notifier", INTERVAL, once)
-        _loop.start()
-
-
-def _stop(**_: Any) -> None:
-    if _loop is not None:
-        _loop.stop()
+    in_worker("notifier", INTERVAL, once)

@@ -188,7 +188,7 @@ def reap_once() -> Pass:
 
 
 def _release_expired(store: Store, sender: Sender) -> int:
-    expired = store.recovery.release_expired()
+    expired = store.recovery.release_expired(lease_ttl=services.current().settings.lease_ttl)
     if expired:
         publish(expired, through=sender.producer)
         for c in expired:

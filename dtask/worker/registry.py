@@ -1,6 +1,7 @@
 """This worker in `dtask_workers`: reported when it is ready and on every reaper pass, removed
-when it shuts down. A worker killed without a word drops out once it has not been seen for
-``Settings.worker_seen_within`` seconds."""
+when it shuts down. A worker killed without a word stops counting as live once it has not been
+seen for ``Settings.worker_seen_within`` seconds (and is a `worker_lost` alert until it comes
+back or the monitor forgets it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
+from celery.worker import state as worker_state
 
 from dtask import services
 
@@ -29,12 +31,16 @@ def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
     return str(consumer.hostname), queues, slots
 
 
+def busy() -> int:
+    """Children this worker runs now: requests its pool has accepted and not finished."""
+    return len(worker_state.active_requests)
+
+
 def report() -> None:
     with _lock:
         if _me is not None:
             name, queues, slots = _me
-            within = services.current().settings.worker_seen_within
-            services.store().workers.report(name, queues, slots, os.getpid(), within)
+            services.store().workers.report(name, queues, slots, os.getpid(), busy())
 
 
 def _ready(sender: Any = None, **_: Any) -> None:

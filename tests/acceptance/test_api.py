@@ -9,60 +9,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from dtask import services
-from dtask.local.stack import free_port
-from tests.conftest import DTASK, REPO, DtaskProcess, WorkerProcess
+from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.support.api import Receiver, call, start_server, token
 
 pytestmark = pytest.mark.acceptance
-
-
-class ServerProcess(DtaskProcess):
-    ready_marker = "Uvicorn running on"
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: Any
-
-
-def call(base: str, method: str, path: str, token: str | None, body: Any = None) -> Reply:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return Reply(response.status, dict(response.headers), json.loads(response.read()))
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return Reply(exc.code, dict(exc.headers), json.loads(exc.read()))
-
-
-def token(env: dict[str, str], client: str, *flags: str) -> str:
-    made = subprocess.run(
-        [DTASK, "token", "create", "--client", client, *flags],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    assert "shown once" in made.stderr
-    return made.stdout.strip()
-
-
-def start_server(env: dict[str, str], log: Path) -> tuple[ServerProcess, str]:
-    port = free_port(8000)
-    server = ServerProcess(env, log, "serve", "--port", str(port))
-    server.wait_ready()
-    return server, f"http://127.0.0.1:{port}/api/v1"
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +193,7 @@ def test_schedules_over_http_for_admin_tokens(api: str, tokens: dict[str, str]) 
     assert call(api, "PUT", f"/schedules/{name}", tokens["a"], body).status == 403
     created = call(api, "PUT", f"/schedules/{name}", admin, body)
     assert created.status == 201, created.body
-    assert created.body["cron"] == "0 3 * * *" and len(created.body["next_slots"]) == 3
+    assert created.body["cron"] == "0 3 * * *" and len(created.body["next_slots"]) == 5
     assert created.body["latest_runs"] == []
     replaced = call(api, "PUT", f"/schedules/{name}", admin, {**body, "variables": {"n": 6}})
     assert replaced.status == 200 and replaced.body["variables"] == {"n": 6}
@@ -273,35 +229,6 @@ def test_a_run_s_children_with_their_ranges_attempts_and_errors(
     assert rest["children"][0]["state"] == "succeeded"
 
 
-class Receiver:
-    """A local HTTP listener for completion notifications: 500 to the first, 200 after."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-
-        self.got: list[tuple[dict[str, str], bytes]] = []
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.got.append((dict(self.headers), body))
-                self.send_response(500 if len(receiver.got) == 1 else 200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/done"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_finished_run_is_posted_signed_to_its_notify_url_and_retried(
     api: str, dtask_env: dict[str, str], tokens: dict[str, str], workers: list[WorkerProcess]
 ) -> None:
@@ -310,7 +237,7 @@ def test_a_finished_run_is_posted_signed_to_its_notify_url_and_retried(
 
     from tests.support.db import wait_for
 
-    receiver = Receiver()
+    receiver = Receiver(fail_first=True)
     try:
         body = {"template": "print_range", "variables": {"n": 50}, "notify_url": receiver.url}
         run = call(api, "POST", "/runs", tokens["a"], body).body

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,6 +43,16 @@ def runs_of(schedule: str) -> list[SlotRun]:
             {"s": schedule},
         )
         return [SlotRun(*row) for row in rows]
+
+
+def misfire_alert(schedule: str) -> str:
+    """The open misfire alert's message, or ''."""
+    found = [
+        a.message
+        for a in services.store().alerts.open()
+        if (a.kind, a.subject) == ("schedule_misfired", schedule)
+    ]
+    return found[0] if found else ""
 
 
 def dtask(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -151,7 +162,10 @@ def test_misfire_policies_after_every_beat_was_down_for_ten_slots(
     time.sleep(12)  # no beat: ten slots and more are missed
     start_beat(dtask_env, beats, tmp_path / "after.log")
     time.sleep(4)
-    for name in policies.values():
+    for name in policies.values():  # the monitor (in the worker) raises the misfire alert
+        wait_for(partial(misfire_alert, name), 60, f"the misfire alert of {name}")
+        missed = services.store().counters.all()["schedule_slots_missed"][name]
+        assert missed >= 10 and f"{int(missed)} slot(s) after" in misfire_alert(name)
         assert dtask(dtask_env, "schedule", "pause", name).returncode == 0
 
     after = {p: [r.slot for r in runs_of(n) if r.slot > last] for p, n in policies.items()}

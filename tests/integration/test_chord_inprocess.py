@@ -28,7 +28,7 @@ def celery_app(dtask_env: dict[str, str]) -> Iterator[Celery]:
     app = configure()
     # What `dtask worker` does around its pool: report its slots, run a dispatcher loop.
     workers = services.store().workers
-    workers.report("inprocess@test", ("dtask",), 1, os.getpid(), 600)
+    workers.report("inprocess@test", ("dtask",), 1, os.getpid(), 0)
     loop = Loop("dispatcher", 0.05, Dispatcher().once)
     loop.start()
     try:

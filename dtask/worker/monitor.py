@@ -1,0 +1,82 @@
+"""The monitoring service: a loop in every worker's main process and in `dtask serve` judges
+the cluster every few seconds (lost and idle workers, stalled and late runs, misfired
+schedules) and keeps the alerts in PostgreSQL in step. One pass at a time cluster-wide, so
+each alert is logged once when it opens and once when it closes, and POSTed to
+``DTASK_ALERT_WEBHOOK`` (JSON ``{"event": "opened"|"closed", "alert": {...}}``) if set."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+
+from dtask import services
+from dtask.db.alerts import OpenAlert
+from dtask.domain.alerts import Limits, evaluate
+from dtask.worker.loop import Loop, in_worker
+
+log = logging.getLogger("dtask.alerts")
+INTERVAL = 2.0
+WEBHOOK_TRIES = 3
+WEBHOOK_TIMEOUT = 5.0
+
+
+def limits() -> Limits:
+    settings = services.current().settings
+    return Limits(
+        lost_after=settings.worker_seen_within,
+        idle_after=settings.idle_alert,
+        stalled_after=settings.stall_alert,
+        misfire_shown_for=settings.misfire_alert,
+    )
+
+
+def once() -> int:
+    """One pass; how many alerts opened or closed."""
+    settings = services.current().settings
+    store = services.store().alerts
+    changes = store.sync(evaluate(store.facts(settings.worker_forget), limits()))
+    if changes is None:  # another monitor is in its pass
+        return 1
+    for alert in changes.opened:
+        log.warning("alert opened: %s", alert.message)
+    for alert in changes.closed:
+        log.info("alert closed: %s", alert.message)
+    webhook = settings.alert_webhook
+    if webhook is not None:
+        for event, alerts in (("opened", changes.opened), ("closed", changes.closed)):
+            for alert in alerts:
+                _post(webhook.get_secret_value(), event, alert)
+    return 1  # always busy: an alert must show within a few seconds
+
+
+def _post(url: str, event: str, alert: OpenAlert) -> None:
+    body = json.dumps({"event": event, "alert": alert.as_json()}).encode()
+    error = ""
+    for attempt in range(WEBHOOK_TRIES):
+        request = urllib.request.Request(url, data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        request.add_header("User-Agent", "dtask-alerts/1")
+        try:
+            with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:
+                if 200 <= response.status < 300:
+                    return
+                error = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            error = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            error = type(exc).__name__  # the URL may hold a secret: never print it
+        time.sleep(0.5 * 2**attempt)
+    log.warning("alert %s (%s) not delivered to DTASK_ALERT_WEBHOOK: %s", alert.id, event, error)
+
+
+def install() -> None:
+    in_worker("monitor", INTERVAL, once)
+
+
+def loop() -> Loop:
+    """For a process that is not a worker (`dtask serve`): start and stop it yourself."""
+    return Loop("monitor", INTERVAL, once)
