@@ -14,17 +14,12 @@ from sqlalchemy import Connection, Row
 from dtask.db import counters
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
+from dtask.db.run_reads import RunReads
 from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
 from dtask.domain.deadlines import OnLate
-from dtask.domain.runs import ChildCounts, RunState, RunStatus, outcome, sources
+from dtask.domain.runs import RunState, outcome, sources
 from dtask.domain.tiers import tier_queue
 from dtask.exceptions import DtaskError, KeyConflict, RateLimited, RunNotFound
-
-_RUN_COLUMNS = (
-    "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
-    " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
-    " notify_error, notified_at"
-)
 
 
 @dataclass(frozen=True)
@@ -90,9 +85,11 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
     return None if row is None else int(row.id)
 
 
-class RunStore:
+class RunStore(RunReads):
+    """The writes; the reads (status, lists) are in :class:`RunReads`."""
+
     def __init__(self, db: Database) -> None:
-        self.db = db
+        super().__init__(db)
         self.counters = counters.CounterStore(db)
 
     def create(
@@ -415,102 +412,3 @@ class RunStore:
         total = failed[0].n if failed else 0
         shown = "; ".join(f"child {r.child}: {r.error}" for r in failed)
         return f"{total} child task(s) failed: {shown}"
-
-    @staticmethod
-    def _counts(conn: Connection, run_id: int) -> ChildCounts:
-        rows = conn.execute(
-            sql(
-                "SELECT state, count(*) AS n FROM dtask_children WHERE run_id = :id GROUP BY state"
-            ),
-            {"id": run_id},
-        )
-        return ChildCounts.from_states({r.state: r.n for r in rows})
-
-    def status(self, run_id: int) -> RunStatus:
-        with self.db.tx() as conn:
-            row = conn.execute(
-                sql(f"SELECT {_RUN_COLUMNS} FROM dtask_runs WHERE id = :id"), {"id": run_id}
-            ).first()
-            if row is None:
-                raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
-            return _status(row, self._counts(conn, run_id))
-
-    def finished_among(self, run_ids: Sequence[int]) -> set[int]:
-        """Which of ``run_ids`` have finished (what every long poll of a server waits on, in
-        one query)."""
-        with self.db.tx() as conn:
-            rows = conn.execute(
-                sql(
-                    "SELECT id FROM dtask_runs WHERE id = ANY(:ids)"
-                    " AND state IN ('succeeded', 'failed', 'cancelled')"
-                ),
-                {"ids": list(run_ids)},
-            ).all()
-        return {r.id for r in rows}
-
-    def statuses(
-        self,
-        limit: int = 50,
-        schedule: str | None = None,
-        *,
-        client: str | None = None,
-        state: RunState | None = None,
-        template: str | None = None,
-        before: int | None = None,
-    ) -> list[RunStatus]:
-        """The latest runs, newest first (older than run ``before`` if given); only those
-        matching each filter given."""
-        filters = {"schedule": schedule, "client": client, "template": template}
-        where = [f"{name} = :{name}" for name, value in filters.items() if value is not None]
-        if state is not None:
-            where.append("state = :state")
-        if before is not None:
-            where.append("id < :before")
-        clause = f"WHERE {' AND '.join(where)}" if where else ""
-        with self.db.tx() as conn:
-            rows = conn.execute(
-                sql(
-                    f"SELECT {_RUN_COLUMNS} FROM dtask_runs {clause} ORDER BY id DESC LIMIT :limit"
-                ),
-                {**filters, "limit": limit, "state": state and state.value, "before": before},
-            ).all()
-            counts: dict[int, dict[str, int]] = {r.id: {} for r in rows}
-            for c in conn.execute(
-                sql(
-                    "SELECT run_id, state, count(*) AS n FROM dtask_children"
-                    " WHERE run_id = ANY(:ids) GROUP BY run_id, state"
-                ),
-                {"ids": list(counts)},
-            ):
-                counts[c.run_id][c.state] = c.n
-        return [_status(r, ChildCounts.from_states(counts[r.id])) for r in rows]
-
-
-def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
-    return RunStatus(
-        id=row.id,
-        template=row.template,
-        key=row.trigger_key,
-        state=RunState(row.state),
-        variables=row.variables,
-        children=counts,
-        created_at=row.created_at,
-        finished_at=row.finished_at,
-        error=row.error,
-        schedule=row.schedule,
-        slot=row.slot,
-        client=row.client,
-        priority=row.priority,
-        deadline=row.deadline,
-        late=row.late,
-        tier=Tier(row.tier),
-        notify=None
-        if row.notify_url is None
-        else {
-            "url": row.notify_url,
-            "state": row.notify_state,
-            "attempts": row.notify_attempts,
-            "error": row.notify_error,
-            "delivered_at": row.notified_at.isoformat() if row.notified_at else None,
-        },
-    )
