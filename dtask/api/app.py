@@ -84,7 +84,10 @@ def create_app() -> FastAPI:
     @app.middleware("http")
     async def page_headers(request: Request, call_next: Any) -> Response:
         response: Response = await call_next(request)
-        response.headers.update(PAGE_HEADERS)
+        if request.url.path == app.docs_url:  # Swagger UI: FastAPI's page loads it from a CDN
+            response.headers["X-Frame-Options"] = "DENY"
+        else:
+            response.headers.update(PAGE_HEADERS)
         return response
 
     app.include_router(runs.router, prefix=PREFIX)

@@ -169,6 +169,12 @@ def test_the_openapi_document_lists_the_endpoints(api: str) -> None:
     with urllib.request.urlopen(api + "/openapi.json", timeout=30) as response:
         paths = json.loads(response.read())["paths"]
     assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/cancel"} <= set(paths)
+    assert {"/api/v1/runs/{run_id}/grid", "/api/v1/alerts", "/metrics"} <= set(paths)
+    with urllib.request.urlopen(api.removesuffix("/api/v1") + "/", timeout=30) as page:
+        assert page.headers["Content-Security-Policy"].startswith("default-src 'self'")
+        assert page.headers["X-Frame-Options"] == "DENY" and b'id="login"' in page.read()
+    with urllib.request.urlopen(api + "/docs", timeout=30) as docs:  # its scripts are on a CDN
+        assert "Content-Security-Policy" not in docs.headers and b"swagger" in docs.read()
 
 
 def test_a_revoked_token_is_refused_at_once(
