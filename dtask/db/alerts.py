@@ -6,8 +6,11 @@ alert is the only one to log and post it, so each is reported once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+
+from sqlalchemy import Connection
 
 from dtask.db.database import Database, sql
 from dtask.domain.alerts import Alert, AlertKind, Facts, RunFact, ScheduleFact, WorkerFact
@@ -46,119 +49,24 @@ class AlertStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def facts(self, forget_workers_after: float) -> Facts:
-        """What the alerts are judged on; workers silent for ``forget_workers_after`` seconds
-        are removed (their alert closes with them)."""
+    def judge(
+        self, forget_workers_after: float, holding: Callable[[Facts], list[Alert]]
+    ) -> Changes | None:
+        """One monitor pass, if no other monitor is in one: read the facts, keep the open
+        alerts in step with ``holding(facts)``. None when another monitor holds the turn (it
+        reads nothing: the facts scan unfinished runs' children)."""
         with self.db.tx() as conn:
-            conn.execute(
-                sql(
-                    "DELETE FROM dtask_workers"
-                    " WHERE seen_at < now() - make_interval(secs => :forget)"
-                ),
-                {"forget": forget_workers_after},
-            )
-            workers = conn.execute(
-                sql(
-                    "SELECT name, busy, extract(epoch FROM now() - seen_at) AS seen_ago,"
-                    " extract(epoch FROM now() - idle_since) AS idle_for FROM dtask_workers"
-                )
-            ).all()
-            runs = conn.execute(
-                sql(
-                    "SELECT r.id, r.template, extract(epoch FROM now() - greatest("
-                    "   r.updated_at, r.started_at, r.created_at,"
-                    "   (SELECT max(c.updated_at) FROM dtask_children c WHERE c.run_id = r.id)"
-                    " )) AS quiet_for,"
-                    " CASE WHEN r.deadline < now() AND r.late IS NULL"
-                    "   THEN extract(epoch FROM now() - r.deadline) END AS late_by"
-                    f" FROM dtask_runs r WHERE r.state IN {_UNFINISHED}"
-                )
-            ).all()
-            schedules = conn.execute(
-                sql(
-                    "SELECT name, last_error, misfire_note,"
-                    " extract(epoch FROM now() - misfired_at) AS misfired_ago"
-                    " FROM dtask_schedules"
-                    " WHERE enabled AND (last_error IS NOT NULL OR misfired_at IS NOT NULL)"
-                )
-            ).all()
-        return Facts(
-            tuple(
-                WorkerFact(
-                    w.name,
-                    float(w.seen_ago),
-                    int(w.busy),
-                    None if w.idle_for is None else float(w.idle_for),
-                )
-                for w in workers
-            ),
-            tuple(
-                RunFact(
-                    r.id,
-                    r.template,
-                    float(r.quiet_for),
-                    None if r.late_by is None else float(r.late_by),
-                )
-                for r in runs
-            ),
-            tuple(
-                ScheduleFact(
-                    s.name,
-                    s.last_error,
-                    s.misfire_note,
-                    None if s.misfired_ago is None else float(s.misfired_ago),
-                )
-                for s in schedules
-            ),
-        )
+            if not _turn(conn):
+                return None
+            return _sync(conn, holding(_facts(conn, forget_workers_after)))
 
     def sync(self, holding: list[Alert]) -> Changes | None:
         """Open the alerts in ``holding`` not open yet, refresh the messages of those still
         holding, close the others. None if another monitor is in a pass."""
         with self.db.tx() as conn:
-            took = conn.execute(
-                sql("SELECT pg_try_advisory_xact_lock(:key)"), {"key": MONITOR_LOCK}
-            ).scalar()
-            if not took:
+            if not _turn(conn):
                 return None
-            rows = conn.execute(
-                sql(
-                    "SELECT id, kind, subject, message, opened_at FROM dtask_alerts"
-                    " WHERE closed_at IS NULL"
-                )
-            ).all()
-            current = {(r.kind, r.subject): OpenAlert(*r) for r in rows}
-            wanted = {a.key: a for a in holding}
-            closed = [
-                OpenAlert(*r)
-                for r in conn.execute(
-                    sql(
-                        "UPDATE dtask_alerts SET closed_at = now()"
-                        " WHERE id = ANY(:ids) RETURNING id, kind, subject, message,"
-                        " opened_at, closed_at"
-                    ),
-                    {"ids": [a.id for k, a in current.items() if k not in wanted]},
-                ).all()
-            ]
-            opened = []
-            for key, alert in wanted.items():
-                if key in current:
-                    if current[key].message != alert.message:
-                        conn.execute(
-                            sql("UPDATE dtask_alerts SET message = :message WHERE id = :id"),
-                            {"message": alert.message, "id": current[key].id},
-                        )
-                    continue
-                row = conn.execute(
-                    sql(
-                        "INSERT INTO dtask_alerts (kind, subject, message)"
-                        " VALUES (:kind, :subject, :message)"
-                        " RETURNING id, kind, subject, message, opened_at"
-                    ),
-                    {"kind": alert.kind.value, "subject": alert.subject, "message": alert.message},
-                ).one()
-                opened.append(OpenAlert(*row))
-        return Changes(opened, closed)
+            return _sync(conn, holding)
 
     def open(self) -> list[OpenAlert]:
         with self.db.tx() as conn:
@@ -179,3 +87,109 @@ class AlertStore:
             ).all():
                 counts[kind] = int(n)
         return counts
+
+
+def _turn(conn: Connection) -> bool:
+    took = conn.execute(sql("SELECT pg_try_advisory_xact_lock(:key)"), {"key": MONITOR_LOCK})
+    return bool(took.scalar())
+
+
+def _facts(conn: Connection, forget_workers_after: float) -> Facts:
+    conn.execute(
+        sql("DELETE FROM dtask_workers WHERE seen_at < now() - make_interval(secs => :forget)"),
+        {"forget": forget_workers_after},
+    )
+    workers = conn.execute(
+        sql(
+            "SELECT name, busy, extract(epoch FROM now() - seen_at) AS seen_ago,"
+            " extract(epoch FROM now() - idle_since) AS idle_for FROM dtask_workers"
+        )
+    ).all()
+    runs = conn.execute(
+        sql(
+            "SELECT r.id, r.template, extract(epoch FROM now() - greatest("
+            "   r.updated_at, r.started_at, r.created_at,"
+            "   (SELECT max(c.updated_at) FROM dtask_children c WHERE c.run_id = r.id)"
+            " )) AS quiet_for,"
+            " CASE WHEN r.deadline < now() AND r.late IS NULL"
+            "   THEN extract(epoch FROM now() - r.deadline) END AS late_by"
+            f" FROM dtask_runs r WHERE r.state IN {_UNFINISHED}"
+        )
+    ).all()
+    schedules = conn.execute(
+        sql(
+            "SELECT name, last_error, misfire_note,"
+            " extract(epoch FROM now() - misfired_at) AS misfired_ago"
+            " FROM dtask_schedules"
+            " WHERE enabled AND (last_error IS NOT NULL OR misfired_at IS NOT NULL)"
+        )
+    ).all()
+    return Facts(
+        tuple(
+            WorkerFact(
+                w.name,
+                float(w.seen_ago),
+                int(w.busy),
+                None if w.idle_for is None else float(w.idle_for),
+            )
+            for w in workers
+        ),
+        tuple(
+            RunFact(
+                r.id,
+                r.template,
+                float(r.quiet_for),
+                None if r.late_by is None else float(r.late_by),
+            )
+            for r in runs
+        ),
+        tuple(
+            ScheduleFact(
+                s.name,
+                s.last_error,
+                s.misfire_note,
+                None if s.misfired_ago is None else float(s.misfired_ago),
+            )
+            for s in schedules
+        ),
+    )
+
+
+def _sync(conn: Connection, holding: list[Alert]) -> Changes:
+    rows = conn.execute(
+        sql(
+            "SELECT id, kind, subject, message, opened_at FROM dtask_alerts WHERE closed_at IS NULL"
+        )
+    ).all()
+    current = {(r.kind, r.subject): OpenAlert(*r) for r in rows}
+    wanted = {a.key: a for a in holding}
+    closed = [
+        OpenAlert(*r)
+        for r in conn.execute(
+            sql(
+                "UPDATE dtask_alerts SET closed_at = now()"
+                " WHERE id = ANY(:ids) RETURNING id, kind, subject, message,"
+                " opened_at, closed_at"
+            ),
+            {"ids": [a.id for k, a in current.items() if k not in wanted]},
+        ).all()
+    ]
+    opened = []
+    for key, alert in wanted.items():
+        if key in current:
+            if current[key].message != alert.message:
+                conn.execute(
+                    sql("UPDATE dtask_alerts SET message = :message WHERE id = :id"),
+                    {"message": alert.message, "id": current[key].id},
+                )
+            continue
+        row = conn.execute(
+            sql(
+                "INSERT INTO dtask_alerts (kind, subject, message)"
+                " VALUES (:kind, :subject, :message)"
+                " RETURNING id, kind, subject, message, opened_at"
+            ),
+            {"kind": alert.kind.value, "subject": alert.subject, "message": alert.message},
+        ).one()
+        opened.append(OpenAlert(*row))
+    return Changes(opened, closed)

@@ -36,8 +36,10 @@ def limits() -> Limits:
 def once() -> int:
     """One pass; how many alerts opened or closed."""
     settings = services.current().settings
-    store = services.store().alerts
-    changes = store.sync(evaluate(store.facts(settings.worker_forget), limits()))
+    bounds = limits()
+    changes = services.store().alerts.judge(
+        settings.worker_forget, lambda facts: evaluate(facts, bounds)
+    )
     if changes is None:  # another monitor is in its pass
         return 1
     for alert in changes.opened:
@@ -69,7 +71,8 @@ def _post(url: str, event: str, alert: OpenAlert) -> None:
             error = f"HTTP {exc.code}"
         except (OSError, ValueError) as exc:
             error = type(exc).__name__  # the URL may hold a secret: never print it
-        time.sleep(0.5 * 2**attempt)
+        if attempt + 1 < WEBHOOK_TRIES:
+            time.sleep(0.5 * 2**attempt)
     log.warning("alert %s (%s) not delivered to DTASK_ALERT_WEBHOOK: %s", alert.id, event, error)
 
 

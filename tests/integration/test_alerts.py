@@ -30,8 +30,7 @@ def age(worker: str, seen: float, idle: float | None) -> None:
 
 
 def sync() -> tuple[set[str], set[str]]:
-    store = services.store().alerts
-    changes = store.sync(evaluate(store.facts(forget_workers_after=3600), SHORT))
+    changes = services.store().alerts.judge(3600, lambda facts: evaluate(facts, SHORT))
     assert changes is not None
     return {a.subject for a in changes.opened}, {a.subject for a in changes.closed}
 
@@ -77,8 +76,7 @@ def test_a_forgotten_worker_s_alert_closes(dtask_env: dict[str, str]) -> None:
     age("alert-forgotten@test", seen=100, idle=100)
     sync()
     assert ("worker_lost", "alert-forgotten@test") in open_keys()
-    store = services.store().alerts
-    changes = store.sync(evaluate(store.facts(forget_workers_after=50), SHORT))
+    changes = services.store().alerts.judge(50, lambda facts: evaluate(facts, SHORT))
     assert changes is not None and "alert-forgotten@test" in {a.subject for a in changes.closed}
     assert "alert-forgotten@test" not in {w.name for w in services.store().workers.live(10**6)}
 
@@ -101,6 +99,9 @@ def test_a_pass_while_another_monitor_holds_the_lock_is_skipped(
     try:
         assert held.wait(30)
         assert services.store().alerts.sync([]) is None
+        read: list[object] = []
+        assert services.store().alerts.judge(3600, lambda f: read.append(f) or []) is None
+        assert read == []  # the facts are not even read
         assert monitor.once() == 1  # skipped, not failed
     finally:
         release.set()
