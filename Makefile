@@ -7,14 +7,14 @@ BENCH_STAMP := $(VENV)/.installed-bench
 BENCH_ARGS ?=
 MINUTES ?= 10
 SEED ?= 1
-DISPATCH ?= all
+DISPATCH ?= window
 
 .PHONY: install demo test lint typecheck unit bench soak clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,8 +23,8 @@ demo: $(STAMP)
 	$(BIN)/python -m dtask.local.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check dtask tests soak migrations celeryconfig.py
-	$(BIN)/ruff format --check dtask tests soak migrations celeryconfig.py
+	$(BIN)/ruff check dtask tests soak celeryconfig.py
+	$(BIN)/ruff format --check dtask tests soak celeryconfig.py
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
@@ -48,7 +48,7 @@ test: lint typecheck chromium
 	$(BIN)/pytest -q --durations=25
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,bench]'
 	touch $(BENCH_STAMP)
 
 # Not part of `make test`: ~18 minutes; writes docs/benchmarks.md and docs/benchmarks/*.png.

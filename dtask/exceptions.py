@@ -114,6 +114,14 @@ class ConfigurationError(DtaskError):
     """A DTASK_* setting is invalid."""
 
 
+class SchemaMismatch(ConfigurationError):
+    """The database's dtask schema is not the one this dtask needs (run `dtask migrate`)."""
+
+
+class MissingExtra(ConfigurationError):
+    """A feature needs an optional part of dtask that is not installed (`pip install dtask[x]`)."""
+
+
 class WaitTimeout(DtaskError):
     """The run did not finish within the timeout."""
 

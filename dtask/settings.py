@@ -38,6 +38,7 @@ class Settings(BaseSettings):
 
     home: Path = Path(".dtask")
     database_url: str | None = None
+    auto_migrate: bool = False  # a shared database is migrated by `dtask migrate` unless set
     broker_url: str | None = None
     result_backend: str | None = Field(default_factory=_default_backend)
     templates: Annotated[tuple[str, ...], NoDecode] = ()
@@ -160,6 +161,11 @@ _KNOWN = {env_name(f): f for f in Settings.model_fields}
 DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_HOME": ("./.dtask", "where the embedded PostgreSQL and Redis keep their data"),
     "DTASK_DATABASE_URL": ("embedded", "PostgreSQL URL; unset = embedded PostgreSQL"),
+    "DTASK_AUTO_MIGRATE": (
+        "0",
+        "1: a process brings a shared database's schema up to date when it starts (the embedded"
+        " one always is); 0: it refuses an old schema and says to run `dtask migrate`",
+    ),
     "DTASK_BROKER_URL": ("embedded", "Celery broker URL; unset = embedded Redis"),
     "DTASK_RESULT_BACKEND": ("broker or embedded", "Celery result backend (must be Redis)"),
     "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),

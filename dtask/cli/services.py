@@ -152,8 +152,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_flower(args: argparse.Namespace) -> int:
     from dtask.local.stack import flower_auth
+    from dtask.services.extras import require
     from dtask.worker import configure
 
+    require("flower", "flower", "dtask flower")
     auth = flower_auth(args.address)
     app = configure()
     if auth:

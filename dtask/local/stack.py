@@ -24,6 +24,7 @@ from pathlib import Path
 from dtask import services
 from dtask.exceptions import ConfigurationError, DtaskError
 from dtask.services import embedded
+from dtask.services.extras import require
 from dtask.settings import Settings, load, mask
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -92,6 +93,8 @@ class Stack:
         return f"http://{host}:{self.flower_port}/"
 
     def start(self) -> None:
+        if self.flower:
+            require("flower", "flower", "Flower (or start without it: dtask up --no-flower)")
         resolved = services.ensure_broker()  # a mixed configuration is refused first
         self.settings = resolved.settings
         services.store()  # migrated before anything runs

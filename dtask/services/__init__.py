@@ -79,7 +79,9 @@ def store() -> Store:
     limits = Limits.of(resolved.settings)
     engine = engine_for(url, limits=limits)
     if url not in _migrated:
-        schema.ensure(engine)
+        schema.ensure(
+            engine, migrate=resolved.settings.embedded_database or resolved.settings.auto_migrate
+        )
         _migrated.add(url)
     return Store(
         Database(

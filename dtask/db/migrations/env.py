@@ -1,21 +1,29 @@
-"""Alembic environment: the connection dtask hands over, or dtask's configured database."""
+"""Alembic environment: the connection dtask hands over, or dtask's configured database.
+
+dtask's history lives in its own version table, so an application's Alembic history can share
+the database."""
 
 from alembic import context
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from dtask.db.models import Base
+from dtask.db.schema import MIGRATION_LOCK, VERSION_TABLE, only_dtask_tables
 
 target_metadata = Base.metadata
-MIGRATION_LOCK = 0x64746B4D  # serializes concurrent `upgrade head` calls from many processes
 
 
-def run(connection):
+def run(connection: Connection) -> None:
     connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        include_name=only_dtask_tables,
+    )
     context.run_migrations()
 
 
-def main():
+def main() -> None:
     connection = context.config.attributes.get("connection")
     if connection is not None:
         run(connection)
