@@ -59,8 +59,10 @@ if TYPE_CHECKING:
         remove_schedule,
         resume_schedule,
     )
+    from dtask.worker.adopt import init_app
 
 _LAZY = {
+    "init_app": "dtask.worker.adopt",
     "get_client": "dtask.client.clients",
     "list_clients": "dtask.client.clients",
     "remove_client": "dtask.client.clients",
@@ -167,6 +169,7 @@ __all__ = [
     "get_client",
     "get_run",
     "get_schedule",
+    "init_app",
     "list_clients",
     "list_schedules",
     "pause_schedule",

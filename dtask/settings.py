@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -84,9 +84,11 @@ class Settings(BaseSettings):
 
     @field_validator("result_backend")
     @classmethod
-    def _redis_only(cls, url: str | None) -> str | None:
-        if url is not None and not is_redis(url):
-            raise ValueError("must be a redis:// URL (chords need it)")
+    def _a_url(cls, url: str | None) -> str | None:
+        # Any Celery result backend: with one that counts chords natively (Redis) a run's
+        # chord callback finalizes it, with any other its last child does (from PostgreSQL).
+        if url is not None and "://" not in url:
+            raise ValueError("must be a URL, e.g. redis://host:6379/1 or db+postgresql://...")
         return url
 
     @field_validator("heartbeat_interval")
@@ -257,11 +259,27 @@ def _typos(environ: Mapping[str, str]) -> list[str]:
     return problems
 
 
+_source: Callable[[], Mapping[str, Any]] | None = None
+
+
+def use_source(source: Callable[[], Mapping[str, Any]] | None) -> None:
+    """Settings to use where no DTASK_* variable is set, read on each ``load`` (a host Celery
+    app's ``dtask_*`` configuration, installed by ``dtask.init_app``)."""
+    global _source
+    _source = source
+
+
 def load() -> Settings:
-    """The settings from the environment; every problem in one ConfigurationError line."""
+    """The settings from the environment (then the installed source); every problem in one
+    ConfigurationError line."""
     problems = _typos(os.environ)
+    given = {
+        name: value
+        for name, value in (_source() if _source is not None else {}).items()
+        if name in Settings.model_fields and not os.environ.get(env_name(name))
+    }
     try:
-        settings = Settings()
+        settings = Settings(**given)
     except ValidationError as exc:
         # A derived default is not computed when what it derives from is invalid: no news.
         errors = [e for e in exc.errors(include_url=False) if e["type"] != _NOT_DERIVED]

@@ -222,27 +222,16 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
-    from dtask.worker import configure, dispatcher, drain, monitor, notifier, reaper, registry
+    from dtask.worker import configure
+    from dtask.worker.adopt import install_worker_side
 
     tier, extra = tiered(extra)
     app = configure()
     services.import_database_driver()  # before any fork: see its docstring
-    settings = services.current().settings
     if tier is not Tier.BASIC and is_redis(str(app.conf.broker_url)):
         # take from the queues in the order given (own tier first), not round robin
         options = app.conf.broker_transport_options
         app.conf.broker_transport_options = {**options, "queue_order_strategy": "priority"}
-    if settings.embedded_database:
-        print(
-            f"dtask worker: using the embedded PostgreSQL and Redis in {settings.home}, which only"
-            " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
-            flush=True,
-        )
-    registry.install()
-    reaper.install()
-    dispatcher.install()
-    notifier.install()
-    monitor.install()
-    drain.install()
+    install_worker_side()
     app.worker_main(worker_argv(extra))
     return EXIT_OK

@@ -190,6 +190,21 @@ class ChildStore:
             cp=_json_or_none(final_checkpoint),
         )
 
+    def any_unfinished(self, run_id: int) -> bool:
+        """Whether a child of the run is still pending or running. Asked after a child's own
+        final write committed, so of two last children finishing at once the later asker sees
+        both finished (the (run_id, state) index answers it without a scan)."""
+        with self.db.owner(durable=False) as conn:
+            return bool(
+                conn.execute(
+                    sql(
+                        "SELECT EXISTS (SELECT 1 FROM dtask_children WHERE run_id = :r"
+                        " AND state IN ('pending', 'running'))"
+                    ),
+                    {"r": run_id},
+                ).scalar()
+            )
+
     def fail_attempt(self, claim: Claim, error: str) -> ChildState:
         """Record a failed attempt: back to pending for a retry, or failed when none are left."""
         with self.db.owner(durable=False) as conn:

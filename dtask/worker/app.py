@@ -1,4 +1,5 @@
-"""The Celery app. ``dtask.worker`` registers the tasks on it; ``configure`` applies the URLs."""
+"""The Celery app dtask sends through: its own (``dtask worker``, ``dtask submit``), or the
+host's once ``dtask.init_app(app)`` adopted one. ``configure`` applies the URLs to its own."""
 
 from __future__ import annotations
 
@@ -10,16 +11,30 @@ from dtask.worker.config import celery_settings
 
 app = Celery("dtask", set_as_current=False)
 app.conf.update(celery_settings(load()))
+_host: Celery | None = None
 _configured_for: services.Services | None = None
+
+
+def current() -> Celery:
+    """The app dtask's messages go through: the adopted host's, else dtask's own."""
+    return _host if _host is not None else app
+
+
+def use_host(host: Celery | None) -> None:
+    """Send through ``host`` (its broker, result backend and settings) from now on."""
+    global _host, _configured_for
+    _host, _configured_for = host, None
 
 
 def configure() -> Celery:
     """Start/attach the services, load templates, point the app at them. Cheap to call again:
-    the work is done once per resolved set of services (services.reset() starts over)."""
+    the work is done once per resolved set of services (services.reset() starts over). A host
+    app keeps its own broker and backend settings."""
     global _configured_for
     resolved = services.ensure_broker()
     if _configured_for is not resolved:
         services.load_templates(resolved.settings)
-        app.conf.update(celery_settings(resolved.settings))
+        if _host is None:
+            app.conf.update(celery_settings(resolved.settings))
         _configured_for = resolved
-    return app
+    return current()

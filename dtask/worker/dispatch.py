@@ -11,7 +11,7 @@ from typing import Any
 from dtask.db import Redispatch, RunRecord
 from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
-from dtask.worker.app import app, configure
+from dtask.worker.app import configure, current
 from dtask.worker.config import DEFAULT_QUEUE
 
 MASTER = "dtask.master"
@@ -22,9 +22,16 @@ FINALIZE = "dtask.finalize"
 def send_master(run_id: int, through: Any = None) -> None:
     """Wake a master for the run (a duplicate is harmless: the run's lock and state decide).
     Through ``through`` if given, else a producer from the app's pool."""
-    configure()
+    app = configure()
     try:
-        app.send_task(MASTER, args=(run_id,), retry=True, ignore_result=True, producer=through)
+        app.send_task(
+            MASTER,
+            args=(run_id,),
+            queue=DEFAULT_QUEUE,
+            retry=True,
+            ignore_result=True,
+            producer=through,
+        )
     except Exception as exc:
         raise BrokerUnavailable(
             f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
@@ -33,13 +40,16 @@ def send_master(run_id: int, through: Any = None) -> None:
 
 
 def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
-    """Publish the children as the header of a Celery chord whose callback is ``finalize``.
+    """Publish the children as the header of a Celery chord whose callback is ``finalize``
+    (where the result backend counts chords natively: Redis; with any other backend the
+    children go out without one, and the run's last child finalizes it).
 
     Deterministic task ids (``<group>.<index>``) and the chord options let anyone re-send a
     child later with the same identity, so the chord still completes exactly once.
     """
     assert run.group_id is not None and run.chord_size is not None
-    app.backend.set_chord_size(run.group_id, run.chord_size)
+    if chords():
+        current().backend.set_chord_size(run.group_id, run.chord_size)
     publish(
         (
             Redispatch(run.id, index, spec, run.template, run.group_id, run.queue)
@@ -58,7 +68,14 @@ SMALL_RUN_CHILDREN = 100
 
 
 def _priority(value: int) -> dict[str, int]:
-    return {"priority": value} if is_redis(str(app.conf.broker_url)) else {}
+    return {"priority": value} if is_redis(str(current().conf.broker_url)) else {}
+
+
+def chords() -> bool:
+    """Whether runs' children go out as a chord: only where the backend counts them natively
+    (a database backend would poll with ``chord_unlock`` tasks, and ``DisabledBackend`` not
+    at all)."""
+    return bool(getattr(current().backend, "supports_native_join", False))
 
 
 def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any = None) -> int:
@@ -71,6 +88,8 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
     event per child, and one broker round trip each. A failed send raises; the children are
     in PostgreSQL, so the reaper re-sends them (the master's run stays ``splitting``).
     """
+    app = current()
+    chord = chords()
     sent = 0
     callbacks: dict[str, Any] = {}
     declared: dict[str, Any] = {}
@@ -79,7 +98,7 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
     with app.producer_or_acquire(through) as producer, producer.batch(max_size=PUBLISH_BATCH):
         for c in children:
             callback = callbacks.get(c.group_id)
-            if callback is None:
+            if callback is None and chord:
                 callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
             name = c.queue or DEFAULT_QUEUE
             queue = declared.get(name)
@@ -94,6 +113,7 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
                 group_id=c.group_id,
                 group_index=c.index,
                 chord=callback,
+                ignore_result=not chord,  # without a chord no one reads a child's result
                 reply_to=app.thread_oid,
                 **parent,
                 **readable(c.template, c.run_id, c.index, c.spec),
@@ -118,7 +138,7 @@ PUBLISH_BATCH = 1000
 
 def _parent_ids() -> dict[str, Any]:
     """root_id/parent_id as apply_async sets them when a task (the master) sends."""
-    parent = app.current_worker_task
+    parent = current().current_worker_task
     if parent is None:
         return {}
     return {"root_id": parent.request.root_id or parent.request.id, "parent_id": parent.request.id}
@@ -130,7 +150,7 @@ def readable(template: str, run_id: int, index: int, spec: dict[str, Any]) -> di
 
 
 def chord_callback(run_id: int, group_id: str) -> Any:
-    finalize = app.signature(FINALIZE, args=(run_id,), immutable=True)
+    finalize = current().signature(FINALIZE, args=(run_id,), immutable=True)
     return finalize.clone().set(
         task_id=f"{group_id}.finalize", link_error=[finalize], queue=DEFAULT_QUEUE
     )

@@ -32,7 +32,7 @@ from dtask.db import Store, Waiting
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
 from dtask.worker import registry
-from dtask.worker.app import app
+from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_master
 
@@ -52,7 +52,7 @@ class Pass:
 
 
 def queue_size(queue: str) -> int:
-    with app.connection_for_write() as conn:
+    with current().connection_for_write() as conn:
         try:
             declared = conn.default_channel.queue_declare(queue=queue, passive=True)
         except conn.channel_errors:
@@ -113,8 +113,8 @@ class Sender:
     @property
     def producer(self) -> Any:
         if self._producer is None:
-            self._connection = app.connection_for_write()
-            self._producer = app.amqp.Producer(self._connection)
+            self._connection = current().connection_for_write()
+            self._producer = current().amqp.Producer(self._connection)
         return self._producer
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from celery import Task
+from celery import Celery, Task
 from celery.exceptions import Ignore
 
 from dtask import services
@@ -60,10 +60,12 @@ class ChildWrites(Protocol):
     def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
     def fail_attempt(self, claim: Claim, error: str) -> ChildState: ...
     def error(self, run_id: int, index: int) -> str | None: ...
+    def any_unfinished(self, run_id: int) -> bool: ...
 
 
 class RunReads(Protocol):
     def get(self, run_id: int) -> RunRecord: ...
+    def finalize(self, run_id: int, wait: bool = True) -> RunState: ...
 
 
 class LifecycleStore(Protocol):
@@ -73,6 +75,34 @@ class LifecycleStore(Protocol):
     def children(self) -> ChildWrites: ...
     @property
     def runs(self) -> RunReads: ...
+
+
+TASKS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
+
+
+def _task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A dtask task on dtask's own app (and, as Celery's ``shared`` tasks are, on every app
+    finalized later), remembered so ``register`` can put it on a host app already finalized.
+    Acked late and rejected when their process dies: PostgreSQL, not the ack, decides."""
+    settings = {
+        "name": name,
+        "acks_late": True,
+        "reject_on_worker_lost": True,
+        "serializer": "json",
+        **options,
+    }
+
+    def decorate(function: Callable[..., Any]) -> Any:
+        TASKS[name] = (function, settings)
+        return app.task(**settings)(function)
+
+    return decorate
+
+
+def register(host: Celery) -> None:
+    """dtask's tasks on ``host`` (``dtask.init_app``)."""
+    for function, settings in TASKS.values():
+        host.task(shared=False, **settings)(function)
 
 
 def owner_name() -> str:
@@ -116,7 +146,7 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
     return state
 
 
-@app.task(name=MASTER, bind=True, acks_late=True, ignore_result=True, max_retries=None)
+@_task(MASTER, bind=True, ignore_result=True, max_retries=None)
 def master(self: Task, run_id: int) -> None:
     try:
         state = run_master(services.store(), run_id)
@@ -146,7 +176,7 @@ def _patiently(
 
 # track_started=False: a child's "running" lives in PostgreSQL (and Flower gets the
 # task-started event either way); Celery's STARTED result would cost 3 Redis commands per child.
-@app.task(name=CHILD, bind=True, acks_late=True, max_retries=None, track_started=False)
+@_task(CHILD, bind=True, max_retries=None, track_started=False)
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     config = services.current().settings
@@ -267,6 +297,7 @@ def _run_claimed(
             if beat.lost.is_set():
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
             fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint))
+        _finalize_if_last(store, run_id)
     except (LeaseLost, DatabaseUnavailable) as exc:
         if beat.expired() and not beat.lost.is_set():
             moved = _fence_moved(store, claim)
@@ -332,6 +363,18 @@ def _expired(beat: Heartbeat, index: int, exc: Exception, cut_off: bool) -> str:
     return f"{why}, stopping child {index}; another worker resumes it from its last checkpoint"
 
 
+def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
+    """The run's last child to finish finalizes it from PostgreSQL's counts, whatever the
+    result backend (a chord callback, where there is one, then finds it done). A failure is
+    left to the chord callback or the reaper."""
+    try:
+        if not store.children.any_unfinished(run_id):
+            state = store.runs.finalize(run_id)
+            log.info("run %s finalized by its last child: %s", run_id, state.value)
+    except DtaskError as exc:
+        log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
+
+
 def _refused(run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.DONE:
         return  # same id, state and result as the first report: the chord counts it once
@@ -357,6 +400,7 @@ def _attempt_failed(
     state = store.children.fail_attempt(claim, error)
     if state is ChildState.FAILED:
         log.error("run %s child %s failed for good: %s", run_id, index, error)
+        _finalize_if_last(store, run_id)
         raise ChildFailed(store.children.error(run_id, index) or error) from exc
     log.warning(
         "run %s child %s attempt %s/%s failed, retrying from its checkpoint: %s",
@@ -365,7 +409,7 @@ def _attempt_failed(
     raise task.retry(countdown=delay, max_retries=None, exc=exc, **reprs)
 
 
-@app.task(name=FINALIZE, acks_late=True, ignore_result=True)
+@_task(FINALIZE, ignore_result=True)
 def finalize(run_id: int) -> None:
     state = services.store().runs.finalize(run_id)
     log.info("run %s finalized: %s", run_id, state.value)

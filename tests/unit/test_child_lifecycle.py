@@ -86,10 +86,18 @@ class FakeChildren:
     def error(self, run_id: int, index: int) -> str | None:
         return self.last_error
 
+    def any_unfinished(self, run_id: int) -> bool:
+        return self.state in (ChildState.PENDING, ChildState.RUNNING)
+
 
 class FakeRuns:
     def __init__(self, children: FakeChildren) -> None:
         self._children = children
+        self.finalized: list[int] = []
+
+    def finalize(self, run_id: int, wait: bool = True) -> RunState:
+        self.finalized.append(run_id)
+        return RunState.SUCCEEDED
 
     def get(self, run_id: int) -> RunRecord:
         return RunRecord(1, "t", "k", {}, self._children.run_state, 2, None, 1, "dtask-1-1", 1, 1)
@@ -167,6 +175,16 @@ def test_a_child_that_works_finishes_under_its_fence(store: FakeStore) -> None:
     assert store.children.state is ChildState.SUCCEEDED
     assert store.children.checkpoint_state == {"done": 10}
     assert store.children.writes[-1] == "finish"
+    assert store.runs.finalized == [1]  # the run's last child finalizes it
+
+
+def test_a_retried_attempt_does_not_finalize_the_run(store: FakeStore) -> None:
+    def raises(ctx: dtask.ChildContext, child: FakeChildren) -> None:
+        raise ValueError("once")
+
+    with pytest.raises(Retried):
+        run(store, template(raises))
+    assert store.runs.finalized == []
 
 
 def test_claim_lost_the_heartbeat_is_refused_and_the_next_step_stops(store: FakeStore) -> None:
@@ -250,6 +268,7 @@ def test_the_last_failed_attempt_fails_the_child(store: FakeStore) -> None:
     with pytest.raises(ChildFailed, match=r"gave up after 2 attempt\(s\): ValueError: bad"):
         run(store, template(always_raises))
     assert store.children.state is ChildState.FAILED
+    assert store.runs.finalized == [1]
 
 
 def test_over_its_execution_cap_a_stepping_child_fails_its_attempt(store: FakeStore) -> None:

@@ -90,8 +90,8 @@ def test_heartbeat_defaults_to_a_quarter_of_the_lease(env: Env) -> None:
             "DTASK_HEARTBEAT_INTERVAL='2' must be under half of DTASK_LEASE_TTL (4)",
         ),
         (
-            {"DTASK_RESULT_BACKEND": "db+sqlite:///x"},
-            "DTASK_RESULT_BACKEND='db+sqlite:///x' must be a redis:// URL",
+            {"DTASK_RESULT_BACKEND": "redis"},
+            "DTASK_RESULT_BACKEND='redis' must be a URL, e.g. redis://host:6379/1",
         ),
         ({"DTASK_FLOWER_AUTH": "admin"}, "DTASK_FLOWER_AUTH must be user:password"),
         (

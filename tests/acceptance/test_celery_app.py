@@ -1,0 +1,217 @@
+"""dtask inside a team's own Celery app (tests/celery_project): `dtask.init_app(app)` and then
+`celery -A proj worker` as real processes, no DTASK_* variable set. The host's own task keeps
+working; a dtask template runs from `.delay()`; completion does not depend on the result
+backend (Redis, or Celery's database backend); SIGKILL and SIGTERM behave as under
+`dtask worker`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from dtask import services
+from dtask.domain.runs import RunState
+from dtask.services import embedded
+from tests.conftest import REPO
+from tests.support.db import child_row, owner_pid, wait_for
+
+pytestmark = pytest.mark.acceptance
+PROJECT = REPO / "tests" / "celery_project"
+
+
+class CeleryWorker:
+    """`celery -A proj worker` in its own process group."""
+
+    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "proj", "worker", "-l", "INFO",
+             "--without-mingle", "--without-gossip", *args],
+            cwd=PROJECT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_ready(self) -> CeleryWorker:
+        wait_for(lambda: " ready." in self.output() or self.proc.poll() is not None, 90, "ready")
+        assert self.proc.poll() is None, self.output()[-3000:]
+        return self
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._out.close()
+
+
+def project_env(
+    dtask_env: dict[str, str], sink: Path, backend: str | None, vhost: int
+) -> dict[str, str]:
+    """The project's own settings (PROJ_*); no DTASK_* variable at all."""
+    services.ensure_broker()  # the session's embedded Redis, on a database number of its own
+    broker = f"{embedded.redis_url(Path(dtask_env['DTASK_HOME']))}?virtual_host={vhost}"
+    env = {k: v for k, v in dtask_env.items() if not k.startswith("DTASK_")}
+    return {
+        **env,
+        "PYTHONPATH": f"{PROJECT}{os.pathsep}{REPO}",
+        "PROJ_BROKER_URL": broker,
+        "PROJ_RESULT_BACKEND": backend or broker,
+        "PROJ_DATABASE_URL": services.database_url(),
+        "PROJ_SINK": str(sink),
+    }
+
+
+def in_project(env: dict[str, str], code: str) -> str:
+    """Run Python in the project's environment (as its web app would) and return stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip()
+
+
+def delay(env: dict[str, str], n: int, seconds: float) -> int:
+    """``proj_range.delay(...)`` in the project's environment: the new run's id."""
+    code = f"from proj.tasks import proj_range; print(proj_range.delay(n={n}, delay={seconds}).id)"
+    return int(in_project(env, code))
+
+
+def finished(run_id: int) -> bool:
+    return services.store().runs.status(run_id).state.finished
+
+
+def numbers(sink: Path, run_id: int) -> list[int]:
+    return [
+        int(line.split()[0])
+        for path in sink.glob(f"{run_id}-*.txt")
+        for line in path.read_text().splitlines()
+    ]
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., CeleryWorker]]:
+    started: list[CeleryWorker] = []
+
+    def start_worker(env: dict[str, str], *args: str) -> CeleryWorker:
+        worker = CeleryWorker(env, tmp_path / f"w{len(started)}.log", *args)
+        started.append(worker)
+        return worker.wait_ready()
+
+    yield start_worker
+    for worker in started:
+        worker.stop()
+
+
+def _database_backend() -> str:
+    return "db+" + services.database_url()
+
+
+@pytest.mark.parametrize("backend", ["redis", "database"])
+def test_a_host_worker_runs_its_own_task_and_a_dtask_run_from_delay(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path, backend: str
+) -> None:
+    env = project_env(
+        dtask_env, tmp_path, _database_backend() if backend == "database" else None, 9
+    )
+    worker = start(env, "-Q", "celery,dtask", "-c", "2")
+    code = "from proj.tasks import add; print(add.delay(2, 3).get(timeout=60))"
+    assert in_project(env, code) == "5"
+    run_id = delay(env, 200, 0)
+    wait_for(lambda: finished(run_id), 120, f"run {run_id} to finish")
+    status = services.store().runs.status(run_id)
+    assert status.state is RunState.SUCCEEDED, status.error
+    assert sorted(numbers(tmp_path, run_id)) == list(range(1, 201))
+    with services.store().engine.connect() as conn:
+        lag = conn.execute(
+            text(
+                "SELECT extract(epoch FROM r.finished_at - max(c.finished_at)) FROM dtask_runs r"
+                " JOIN dtask_children c ON c.run_id = r.id WHERE r.id = :r GROUP BY r.id"
+            ),
+            {"r": run_id},
+        ).scalar()
+    print(f"\n[{backend}] run finalized {lag:.3f} s after its last child finished")
+    assert lag < 1.0
+    assert "finalized by its last child" in worker.output()
+    assert "Received unregistered task" not in worker.output()
+
+
+def test_a_host_app_prefetching_more_than_one_is_refused_in_one_line(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 9)
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "proj", "worker", "--prefetch-multiplier", "4"],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "dtask: worker_prefetch_multiplier is 4; dtask's children need 1" in result.stderr
+
+
+def test_sigkill_of_a_host_worker_resumes_its_children_on_another(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 10)
+    first = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "first@%h")
+    run_id = delay(env, 40, 0.25)  # 2 children of 5 s each
+    wait_for(
+        lambda: (child_row(run_id, 0).checkpoint or {}).get("done", 0) >= 5, 60, "a checkpoint"
+    )
+    second = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "second@%h")
+    killed = time.monotonic()
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(10)
+    wait_for(
+        lambda: (
+            (row := child_row(run_id, 0)).owner is not None
+            and row.attempt == 2
+            and os.getpgid(owner_pid(row.owner)) == second.proc.pid
+        ),
+        60,
+        "child 0 to resume on the second worker",
+    )
+    resumed = time.monotonic() - killed
+    print(f"\nchild 0 resumed on the other host worker {resumed:.1f} s after SIGKILL")
+    wait_for(lambda: finished(run_id), 120, "the run to finish")
+    assert services.store().runs.status(run_id).state is RunState.SUCCEEDED
+    seen = numbers(tmp_path, run_id)
+    assert set(seen) == set(range(1, 41))
+    assert len(seen) - len(set(seen)) <= 2 * 5  # at most one checkpoint interval per child
+
+
+def test_sigterm_of_a_host_worker_hands_its_children_over(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 11)
+    leaving = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "leaving@%h")
+    run_id = delay(env, 40, 0.25)
+    for index in (0, 1):
+        wait_for(lambda i=index: (child_row(run_id, i).checkpoint or {}).get("done", 0) >= 5,
+                 60, f"child {index} to checkpoint")  # fmt: skip
+    staying = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "staying@%h")
+    sent = time.monotonic()
+    os.killpg(leaving.proc.pid, signal.SIGTERM)
+    assert leaving.proc.wait(30) == 0
+    print(f"\nhost worker exited {time.monotonic() - sent:.2f} s after SIGTERM")
+    assert time.monotonic() - sent < 15
+    wait_for(lambda: finished(run_id), 120, "the run to finish")
+    assert services.store().runs.status(run_id).state is RunState.SUCCEEDED
+    seen = numbers(tmp_path, run_id)
+    assert sorted(seen) == list(range(1, 41))  # handed over at a checkpoint: nothing redone
+    assert "stopped at its checkpoint and was released" in leaving.output()
+    assert staying.proc.poll() is None

@@ -1,0 +1,3 @@
+from proj.celery import app
+
+__all__ = ["app"]
