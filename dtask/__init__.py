@@ -31,11 +31,14 @@ from dtask.exceptions import (
     InvalidExecutionCap,
     InvalidSchedule,
     InvalidSplit,
+    InvalidStart,
     InvalidVariables,
     KeyConflict,
     LeaseLost,
     MissingExtra,
     RateLimited,
+    RunCancelled,
+    RunFailed,
     RunNotFound,
     ScheduleExists,
     ScheduleNotFound,
@@ -116,6 +119,13 @@ class _Client:
 
         return add_schedule(name, template, variables, replace=replace, **when)
 
+    def signature(
+        self, template: str, variables: dict[str, Any], *, key: str | None, immutable: bool
+    ) -> Any:
+        from dtask.worker.dispatch import submit_signature
+
+        return submit_signature(template, variables, key, immutable)
+
 
 use_launcher(_Client())
 
@@ -136,6 +146,7 @@ __all__ = [
     "InvalidExecutionCap",
     "InvalidSchedule",
     "InvalidSplit",
+    "InvalidStart",
     "InvalidVariables",
     "KeyConflict",
     "LeaseLost",
@@ -148,6 +159,8 @@ __all__ = [
     "Rate",
     "RateLimited",
     "Run",
+    "RunCancelled",
+    "RunFailed",
     "RunNotFound",
     "RunOptions",
     "RunState",

@@ -122,6 +122,20 @@ class MissingExtra(ConfigurationError):
     """A feature needs an optional part of dtask that is not installed (`pip install dtask[x]`)."""
 
 
+class InvalidStart(DtaskError):
+    """A countdown, eta or queue given to ``apply_async`` cannot be used."""
+
+
+class RunFailed(DtaskError):
+    """``Run.get()`` of a run that failed: its error (AsyncResult.get raises the task's)."""
+
+    exit_code = 1
+
+
+class RunCancelled(RunFailed):
+    """``Run.get()`` of a cancelled (revoked) run."""
+
+
 class WaitTimeout(DtaskError):
     """The run did not finish within the timeout."""
 

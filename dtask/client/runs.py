@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from dtask import services
 from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
-from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
+from dtask.domain.deadlines import (
+    OnLate,
+    check_delay_tolerance,
+    check_queue,
+    check_start,
+    on_late_of,
+)
 from dtask.domain.notify import check_url
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
-from dtask.exceptions import BrokerUnavailable, NotCancellable, NothingToRerun, WaitTimeout
+from dtask.exceptions import (
+    BrokerUnavailable,
+    NotCancellable,
+    NothingToRerun,
+    RunCancelled,
+    RunFailed,
+    WaitTimeout,
+)
 from dtask.worker import configure
 from dtask.worker.dispatch import send_master
 
@@ -30,6 +45,41 @@ class Run:
 
     def status(self) -> RunStatus:
         return services.store().runs.status(self.id)
+
+    # Celery's AsyncResult names, for a team that already speaks them
+
+    @property
+    def state(self) -> RunState:
+        return self.status().state
+
+    def ready(self) -> bool:
+        """Finished: succeeded, failed or cancelled."""
+        return self.state.finished
+
+    def successful(self) -> bool:
+        return self.state is RunState.SUCCEEDED
+
+    def failed(self) -> bool:
+        """Failed or cancelled (Celery counts a revoked task as failed)."""
+        return self.state in (RunState.FAILED, RunState.CANCELLED)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Wait for the run and return its result, or raise RunFailed (RunCancelled) with its
+        error, as ``AsyncResult.get`` does; WaitTimeout after ``timeout`` seconds. A run has
+        no result value yet: a succeeded one returns None."""
+        status = self.wait(timeout)
+        if status.state is RunState.CANCELLED:
+            raise RunCancelled(f"run {self.id} was cancelled")
+        if status.state is RunState.FAILED:
+            raise RunFailed(f"run {self.id} failed: {status.error}")
+        return None
+
+    def revoke(self) -> None:
+        """Celery's name for cancel; a finished run is left as it is (as revoking a finished
+        task changes nothing)."""
+        if not self.ready():
+            with contextlib.suppress(NotCancellable):
+                self.cancel()
 
     def cancel(self) -> RunStatus:
         """Cancel: pending children never start; running ones stop at their next checkpoint.
@@ -92,6 +142,9 @@ def submit(
     on_late: OnLate | str | None = None,
     tier: Tier | str | None = None,
     notify_url: str | None = None,
+    countdown: float | None = None,
+    eta: datetime | None = None,
+    queue: str | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
@@ -102,6 +155,9 @@ def submit(
     9 (default 5) is capped at the client's maximum; ``tier`` ("basic", "regular" or
     "premium"; default the template's, else the client's) too. ``notify_url`` gets a POST
     of the run's JSON when it finishes, signed with the client's secret (docs/api.md).
+    ``countdown`` (seconds) or ``eta`` (a datetime; naive means UTC) hold its start back, as
+    Celery's ``apply_async`` does; ``queue`` sends its children to another queue than the
+    template's.
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -115,6 +171,8 @@ def submit(
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     check_url(notify_url)
+    start_at, start_in = check_start(countdown, eta, where)
+    children_queue = check_queue(queue, where) or tpl.options.queue
     if priority is not None:
         check_priority(priority)
     checked = tpl.validate(variables)
@@ -125,7 +183,7 @@ def submit(
         key=key or f"adhoc:{uuid.uuid4()}",
         variables=checked,
         max_attempts=tpl.options.max_attempts,
-        queue=tpl.options.queue,
+        queue=children_queue,
         execution_cap=cap,
         client=client,
         priority=priority,
@@ -134,10 +192,13 @@ def submit(
         on_late=late_policy,
         tier=wanted_tier or tpl.options.tier,
         notify_url=notify_url,
+        start_at=start_at,
+        start_in=start_in,
     )
-    if created or store.runs.get(run_id).state is RunState.PENDING:
+    record = store.runs.get(run_id)
+    if created or record.state is RunState.PENDING:
         try:
-            send_master(run_id)
+            send_master(run_id, countdown=record.starts_in)
         except BrokerUnavailable as exc:
             if created:
                 store.runs.forget_unsent(run_id)

@@ -100,6 +100,7 @@ class RunRow(Base):
     unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    start_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # countdown
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)

@@ -155,6 +155,7 @@ class RecoveryStore:
                 sql(
                     "UPDATE dtask_runs SET master_sent_at = now() WHERE id IN ("
                     "   SELECT id FROM dtask_runs WHERE state IN ('pending', 'splitting')"
+                    "   AND (start_after IS NULL OR start_after <= now())"
                     "   AND updated_at < now() - make_interval(secs => :stall)"
                     "   AND (master_sent_at IS NULL"
                     "     OR master_sent_at < now() - make_interval(secs => :stall))"

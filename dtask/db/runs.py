@@ -37,6 +37,7 @@ class RunRecord:
     dispatches: int
     idle: float = 0.0  # seconds since the run last changed (e.g. became pending), by PostgreSQL
     tier: Tier = Tier.BASIC
+    starts_in: float = 0.0  # seconds until it may split (apply_async's countdown or eta)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,14 @@ class NewRun:
     on_late: OnLate = OnLate.RUN
     tier: Tier = Tier.BASIC  # ``queue`` is already the tier's queue
     notify_url: str | None = None  # POSTed the run's JSON when it finishes
+    start_at: datetime | None = None  # not split before this (eta)...
+    start_in: float | None = None  # ...or this many seconds from now (countdown)
+
+
+_START = (
+    "coalesce(CAST(:start_at AS timestamptz),"
+    " clock_timestamp() + make_interval(secs => CAST(:start_in AS double precision)))"
+)
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
@@ -66,13 +75,15 @@ def insert_run(conn: Connection, run: NewRun) -> int | None:
             "INSERT INTO dtask_runs"
             " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
             " execution_cap, client, priority, expected_children, created_at,"
-            " delay_tolerance, on_late, deadline, tier, notify_url, notify_state)"
+            " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after)"
             " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
             " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
             " clock_timestamp(), :delay_tolerance, :on_late,"
-            " coalesce(:slot, clock_timestamp()) + make_interval(secs => :delay_tolerance),"
+            " coalesce(:slot, " + _START + ", clock_timestamp())"
+            " + make_interval(secs => :delay_tolerance),"
             " :tier, CAST(:notify_url AS text),"
-            " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END)"
+            " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
+            " " + _START + ")"
             " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
         ),
         {
@@ -108,6 +119,8 @@ class RunStore(RunReads):
         on_late: OnLate = OnLate.RUN,
         tier: Tier | None = None,
         notify_url: str | None = None,
+        start_at: datetime | None = None,
+        start_in: float | None = None,
     ) -> tuple[int, bool]:
         """Insert a run for ``key`` unless one exists. Returns (run id, created).
 
@@ -130,7 +143,7 @@ class RunStore(RunReads):
                         priority=charged.priority_for(priority),
                         expected_children=expected_children,
                         delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
-                        notify_url=notify_url,
+                        notify_url=notify_url, start_at=start_at, start_in=start_in,
                     )  # fmt: skip
                     created = insert_run(conn, new)
                     if created is not None:
@@ -171,7 +184,9 @@ class RunStore(RunReads):
             sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
                 " child_total, group_id, chord_size, dispatches, tier,"
-                " extract(epoch FROM now() - updated_at) AS idle FROM dtask_runs WHERE id = :id"
+                " extract(epoch FROM now() - updated_at) AS idle,"
+                " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
+                " FROM dtask_runs WHERE id = :id"
             ),
             {"id": run_id},
         ).first()
@@ -191,6 +206,7 @@ class RunStore(RunReads):
             dispatches=row.dispatches,
             idle=float(row.idle),
             tier=Tier(row.tier),
+            starts_in=float(row.starts_in),
         )
 
     def split(
@@ -210,7 +226,7 @@ class RunStore(RunReads):
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
             run = self._record(conn, run_id)
-            if run.state is not RunState.PENDING:
+            if run.state is not RunState.PENDING or run.starts_in > 0:
                 return run.state
             try:
                 specs = plan(run)

@@ -102,6 +102,9 @@ class RunOptions(TypedDict, total=False):
     on_late: OnLate | str | None  # "run" or "fail" when it did not start in time
     tier: Tier | str | None  # resource tier; overrides the template's (capped by the client's)
     notify_url: str | None  # POSTed the run's JSON when it finishes (signed, retried)
+    countdown: float | None  # seconds from now before it may start (apply_async's)
+    eta: datetime | None  # when it may start (naive: UTC); not with countdown
+    queue: str | None  # its children's queue; overrides the template's
 
 
 @dataclass(frozen=True)
@@ -241,6 +244,35 @@ class Template:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
         return self.submit(variables)
 
+    def apply_async(
+        self,
+        args: tuple[Any, ...] | list[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        **options: Unpack[RunOptions],
+    ) -> RunHandle:
+        """``delay`` with options, as Celery's: ``template.apply_async(kwargs={"n": 10},
+        countdown=60, priority=8, queue="gpu", key="nightly")``. A template's variables are
+        named: positional ``args`` are refused."""
+        if args:
+            raise InvalidVariables(
+                f"template {self.name!r} takes named variables: apply_async(kwargs={{...}}),"
+                f" not args {tuple(args)!r}"
+            )
+        return self.submit(kwargs, key=key, **options)
+
+    def s(self, *, key: str | None = None, **variables: Any) -> Any:
+        """A Celery signature that submits a run when it is called (in a chain, a chord, a
+        ``beat_schedule`` entry through ``add_periodic_task``): the task ``dtask.submit``,
+        returning the run's id. In a chain the previous task's result, if a dict, adds
+        variables (those given here win)."""
+        return launcher().signature(self.name, variables, key=key, immutable=False)
+
+    def si(self, *, key: str | None = None, **variables: Any) -> Any:
+        """``s`` that ignores the previous task's result (an immutable signature)."""
+        return launcher().signature(self.name, variables, key=key, immutable=True)
+
     def schedule(
         self,
         cron: str | None = None,
@@ -302,6 +334,10 @@ class Launcher(Protocol):
         replace: bool,
         **when: Unpack[When],
     ) -> Schedule: ...
+
+    def signature(
+        self, template: str, variables: dict[str, Any], *, key: str | None, immutable: bool
+    ) -> Any: ...
 
 
 _launcher: Launcher | None = None

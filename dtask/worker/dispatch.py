@@ -17,17 +17,32 @@ from dtask.worker.config import DEFAULT_QUEUE
 MASTER = "dtask.master"
 CHILD = "dtask.child"
 FINALIZE = "dtask.finalize"
+SUBMIT = "dtask.submit"
 
 
-def send_master(run_id: int, through: Any = None) -> None:
-    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide).
-    Through ``through`` if given, else a producer from the app's pool."""
+def submit_signature(
+    template: str, variables: dict[str, Any], key: str | None, immutable: bool
+) -> Any:
+    """A Celery signature of ``dtask.submit`` for ``template`` (``Template.s``/``si``)."""
+    return current().signature(
+        SUBMIT,
+        kwargs={"template": template, "variables": dict(variables), "key": key},
+        immutable=immutable,
+        queue=DEFAULT_QUEUE,
+    )
+
+
+def send_master(run_id: int, through: Any = None, countdown: float = 0.0) -> None:
+    """Wake a master for the run (a duplicate is harmless: the run's lock and state decide),
+    after ``countdown`` seconds. Through ``through`` if given, else a producer from the
+    app's pool."""
     app = configure()
     try:
         app.send_task(
             MASTER,
             args=(run_id,),
             queue=DEFAULT_QUEUE,
+            countdown=countdown or None,
             retry=True,
             ignore_result=True,
             producer=through,

@@ -23,20 +23,29 @@ from dtask import services
 from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
 from dtask.domain.context import ChildContext
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState
-from dtask.domain.templates import registry
+from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
     ChildFailed,
     ChildStopped,
     DatabaseUnavailable,
     DtaskError,
     ExecutionCapExceeded,
+    InvalidVariables,
     LeaseLost,
     UnknownTemplate,
 )
 from dtask.settings import Settings
 from dtask.worker import dispatcher, drain, links, runaway
 from dtask.worker.app import app
-from dtask.worker.dispatch import CHILD, FINALIZE, MASTER, publish, readable, send_chord
+from dtask.worker.dispatch import (
+    CHILD,
+    FINALIZE,
+    MASTER,
+    SUBMIT,
+    publish,
+    readable,
+    send_chord,
+)
 from dtask.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("dtask.worker")
@@ -113,6 +122,14 @@ class TemplateElsewhere(Exception):
     """This worker cannot load the run's template; another worker may (a rolling deploy)."""
 
 
+class NotDue(Exception):
+    """The run's countdown or eta has not passed yet."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"starts in {seconds:.1f} s")
+        self.seconds = seconds
+
+
 def template_wait(settings: Settings) -> float:
     """How long a run's master is left to workers that know its template before it fails."""
     return 4 * settings.stall_timeout
@@ -139,6 +156,10 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
 
     deferred = settings.dispatch == "window"  # the dispatcher sends the children
     state = store.runs.split(run_id, plan, wait=wait, deferred=deferred)
+    if state is RunState.PENDING:
+        starts_in = store.runs.get(run_id).starts_in
+        if starts_in > 0:
+            raise NotDue(starts_in)
     if state is RunState.SPLITTING:
         state = store.runs.dispatch(run_id, send_chord, wait=wait, deferred=deferred)
         if deferred and state is RunState.RUNNING:
@@ -154,7 +175,31 @@ def master(self: Task, run_id: int) -> None:
         if not self.request.retries:
             log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
         raise self.retry(countdown=_backoff(self.request.retries), max_retries=None) from None
+    except NotDue as early:  # a duplicate or early message: wake again when it is due
+        raise self.retry(countdown=early.seconds, max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
+
+
+@_task(SUBMIT, ignore_result=False)
+def submit_run(
+    *previous: Any,
+    template: str,
+    variables: dict[str, Any],
+    key: str | None = None,
+) -> int:
+    """A run started by a Celery signature (``Template.s``/``si``: a chain, a canvas, a beat
+    entry): its id. In a chain the previous result, if a dict, adds variables."""
+    given = dict(variables)
+    if previous:
+        upstream = previous[0]
+        if isinstance(upstream, dict):
+            given = {**upstream, **given}
+        elif upstream is not None:
+            raise InvalidVariables(
+                f"template {template!r} got {upstream!r} from the previous task: a chain passes"
+                " a dict of variables (or use .si() to ignore it)"
+            )
+    return launcher().submit(template, given, key=key).id
 
 
 def _patiently(

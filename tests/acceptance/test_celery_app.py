@@ -6,6 +6,7 @@ backend (Redis, or Celery's database backend); SIGKILL and SIGTERM behave as und
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -215,3 +216,102 @@ def test_sigterm_of_a_host_worker_hands_its_children_over(
     assert sorted(seen) == list(range(1, 41))  # handed over at a checkpoint: nothing redone
     assert "stopped at its checkpoint and was released" in leaving.output()
     assert staying.proc.poll() is None
+
+
+CELERY_CALLS = """
+import time, datetime, json
+import dtask
+from proj.tasks import proj_range
+
+out = {}
+later = proj_range.apply_async(kwargs={"n": 20, "delay": 0}, countdown=2, priority=8)
+out["pending_at_1s"] = (time.sleep(1), later.state.value)[1]
+out["later"] = later.get(timeout=60)
+out["later_ok"] = later.successful() and later.ready() and not later.failed()
+out["later_id"] = later.id
+run_id = proj_range.si(n=30, delay=0).delay().get(timeout=60)  # dtask.submit's result
+out["si"] = dtask.get_run(run_id).get(timeout=60)
+out["si_id"] = run_id
+stopped = proj_range.apply_async(kwargs={"n": 40, "delay": 0.25})
+stopped.revoke()
+try:
+    stopped.get(timeout=60)
+except dtask.RunCancelled as exc:
+    out["revoked"] = str(exc)
+out["revoked_state"] = stopped.state.value
+stopped.revoke()  # a finished run: nothing to do
+for bad in (dict(args=(1,)), dict(countdown=-1), dict(countdown=1, eta=datetime.datetime.now())):
+    try:
+        proj_range.apply_async(kwargs={"n": 5, "delay": 0}, **bad)
+    except dtask.DtaskError as exc:
+        out.setdefault("refused", []).append(str(exc))
+print(json.dumps(out))
+"""
+
+
+def test_celery_shaped_calls_from_the_host_application(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 12)
+    start(env, "-Q", "celery,dtask", "-c", "2")
+    out = json.loads(in_project(env, CELERY_CALLS))
+    assert out["pending_at_1s"] == "pending"  # countdown=2 holds the start back
+    assert out["later"] is None and out["later_ok"] is True
+    assert sorted(numbers(tmp_path, out["later_id"])) == list(range(1, 21))
+    assert out["si"] is None and sorted(numbers(tmp_path, out["si_id"])) == list(range(1, 31))
+    assert out["revoked"].endswith("was cancelled") and out["revoked_state"] == "cancelled"
+    assert len(out["refused"]) == 3, out["refused"]
+    assert "takes named variables" in out["refused"][0]
+    assert "countdown must be 0 to" in out["refused"][1]
+    assert "give countdown or eta, not both" in out["refused"][2]
+    with services.store().engine.connect() as conn:
+        waited = conn.execute(
+            text(
+                "SELECT extract(epoch FROM min(c.started_at) - r.created_at) FROM dtask_runs r"
+                " JOIN dtask_children c ON c.run_id = r.id WHERE r.id = :r GROUP BY r.id"
+            ),
+            {"r": out["later_id"]},
+        ).scalar()
+    print(f"\ncountdown=2: first child claimed {waited:.2f} s after submit")
+    assert waited >= 2
+
+
+def test_the_hosts_beat_schedule_starts_dtask_runs_beside_its_own_task(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 13)
+    start(env, "-Q", "celery,dtask", "-c", "2")
+    with services.store().engine.connect() as conn:
+        before = conn.execute(text("SELECT coalesce(max(id), 0) FROM dtask_runs")).scalar()
+    log = (tmp_path / "beat.log").open("wb")
+    beat = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "proj", "beat", "-l", "INFO",
+         "-s", str(tmp_path / "celerybeat-schedule")],
+        cwd=PROJECT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+
+        def beat_runs() -> list[tuple[int, str]]:
+            with services.store().engine.connect() as conn:
+                return [
+                    (int(r.id), str(r.state))
+                    for r in conn.execute(
+                        text(
+                            "SELECT id, state FROM dtask_runs WHERE id > :b"
+                            " AND template = 'proj_range' AND variables->>'n' = '20'"
+                        ),
+                        {"b": before},
+                    )
+                ]
+
+        wait_for(
+            lambda: len([r for r in beat_runs() if r[1] == "succeeded"]) >= 2, 90, "two beat runs"
+        )
+        wait_for(lambda: (tmp_path / "add.txt").exists(), 30, "the host's own task")
+    finally:
+        os.killpg(beat.pid, signal.SIGTERM)
+        beat.wait(30)
+        log.close()
+    for run_id, _ in beat_runs():
+        wait_for(lambda r=run_id: finished(r), 60, f"run {run_id} to finish")
+    assert set((tmp_path / "add.txt").read_text().split()) == {"5"}

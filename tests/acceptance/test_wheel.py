@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from dtask import services
+from dtask.db import schema
 from dtask.services import embedded
 from tests.conftest import REPO
 
@@ -101,7 +102,7 @@ def test_the_installed_wheel_migrates_beside_another_history_and_runs_a_job(
     assert refused.returncode == 2 and "run `dtask migrate`" in refused.stderr, refused.stderr
     migrated = run("migrate")
     assert migrated.returncode == 0, migrated.stderr
-    assert "0015" in migrated.stdout
+    assert schema.HEAD in migrated.stdout
     engine = create_engine(host_database)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).all() == [

@@ -132,14 +132,14 @@ def test_other_dtask_names_are_left_for_templates(env: Env) -> None:
 
 def test_errors_never_show_a_secret(env: Env) -> None:
     env(
-        DTASK_RESULT_BACKEND="amqp://u:p@ss:w/rd@h//",
+        DTASK_RESULT_BACKEND="amqp//u:p@ss:w/rd@h//",  # no "://": refused, never shown
         DTASK_FLOWER_AUTH="s3cret-without-user",
         DTASK_DATABASE_ULR="postgresql://u:hunter2@h/db",
     )
     with pytest.raises(ConfigurationError) as caught:
         load()
     text = str(caught.value)
-    assert "DTASK_RESULT_BACKEND='amqp://u:***@h//'" in text
+    assert "DTASK_RESULT_BACKEND='amqp//u:***@h//'" in text
     assert "DTASK_FLOWER_AUTH must be" in text and "DTASK_DATABASE_ULR is not" in text
     for secret in ("p@ss", "ss:w", "w/rd", "s3cret", "hunter2"):
         assert secret not in text
