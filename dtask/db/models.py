@@ -310,3 +310,14 @@ class CounterRow(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     label: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")
     value: Mapped[float] = mapped_column(Float, server_default=text("0"))
+
+
+class LeaseRow(Base):
+    """A named role one process holds at a time until its lease runs out (the beat that
+    runs the host app's own ``beat_schedule`` entries)."""
+
+    __tablename__ = "dtask_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -12,6 +12,7 @@ from dtask.db.clients import ClientStore
 from dtask.db.counters import CounterStore
 from dtask.db.database import Database
 from dtask.db.dispatch import DispatchStore
+from dtask.db.leases import LeaseStore
 from dtask.db.metrics import MetricsStore
 from dtask.db.notify import NotifyStore
 from dtask.db.recovery import RecoveryStore
@@ -41,3 +42,4 @@ class Store:
         self.alerts = AlertStore(self.db)
         self.counters = CounterStore(self.db)
         self.metrics = MetricsStore(self.db)
+        self.leases = LeaseStore(self.db)

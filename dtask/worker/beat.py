@@ -1,15 +1,24 @@
-"""`dtask beat`: Celery beat driven by the schedules in PostgreSQL.
+"""`dtask beat` (or ``celery -A proj beat -S dtask.worker.beat:DatabaseScheduler``): Celery
+beat driven by the schedules in PostgreSQL, and by the app's own ``beat_schedule`` entries.
 
 Every pass (at least once a second, so changes show within a second or two) decides each
 enabled schedule's due slots under a row lock and inserts their runs with the trigger key
 ``schedule:<name>:<slot>``: any number of beats may run, and each slot fires once. Masters are
 woken after the pass commits; a beat that dies in between leaves a pending run that a worker's
 reaper starts.
+
+The app's own ``beat_schedule`` entries run as Celery's default scheduler runs them (in
+memory, from when this beat started), by one beat at a time: the one holding the lease
+``beat_schedule`` in PostgreSQL, renewed every pass, taken over by another beat within
+``ENTRIES_LEASE`` seconds of its holder dying or freezing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +39,8 @@ MAX_SLEEP = 1.0
 # A frozen beat (SIGSTOP, a paused VM) holds its schedules' row locks until PostgreSQL ends its
 # session after this long idle: slots wait up to that long, under the default 10 s grace.
 HOLD_FOR = 3.0
+ENTRIES_LEASE = 5.0
+ENTRIES = "beat_schedule"  # the lease's name
 
 
 class Pass:
@@ -164,22 +175,65 @@ def beat_pass() -> float:
 
 
 class DatabaseScheduler(Scheduler):  # type: ignore[misc]
-    """A Celery beat scheduler whose entries are dtask's schedules in PostgreSQL."""
+    """A Celery beat scheduler for dtask's schedules in PostgreSQL and the app's own
+    ``beat_schedule`` entries (the module's docstring says how each runs once)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.leading = False
         super().__init__(*args, **kwargs)
         self.max_interval = MAX_SLEEP
 
     def setup_schedule(self) -> None:
         services.load_templates()
+        super().setup_schedule()  # the app's beat_schedule (and Celery's default entries)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         try:
-            return beat_pass()
+            wait = beat_pass()
         except Exception:  # Celery's beat loop would die; the next pass may well succeed
             log.exception("beat: pass failed; trying again in %g s", MAX_SLEEP)
-            return MAX_SLEEP
+            wait = MAX_SLEEP
+        if self.schedule:
+            if self._lead():
+                wait = min(wait, super().tick(*args, **kwargs))
+            else:
+                self._follow()
+        return wait
+
+    def _follow(self) -> None:
+        """Advance the entries that fell due without sending them (another beat did), so a
+        take-over sends what falls due next, not every entry at once."""
+        for name, entry in list(self.schedule.items()):
+            if entry.is_due()[0]:
+                self.schedule[name] = next(entry)
+        self._heap = None  # rebuilt from the advanced entries when this beat leads
+
+    def _lead(self) -> bool:
+        """Whether this beat runs the app's entries now (the lease, taken or renewed)."""
+        try:
+            leading = services.store().leases.hold(ENTRIES, self.holder, ENTRIES_LEASE)
+        except DtaskError as exc:
+            log.warning("beat: cannot renew the lease on the app's entries: %s", exc)
+            leading = False
+        if leading != self.leading:
+            log.info(
+                "beat: %s the app's beat_schedule entries (%s)",
+                "running" if leading else "no longer running",
+                ", ".join(sorted(self.schedule)),
+            )
+            self.leading = leading
+        return leading
+
+    def close(self) -> None:
+        super().close()
+        if self.leading:
+            try:
+                services.store().leases.release(ENTRIES, self.holder)
+            except DtaskError as exc:  # it lapses by itself
+                log.warning("beat: could not hand the app's entries over: %s", exc)
 
     @property
     def info(self) -> str:
-        return "    . schedules -> dtask_schedules in PostgreSQL"
+        entries = f"{len(self.schedule)} entries of beat_schedule (one beat at a time)"
+        return f"    . schedules -> dtask_schedules in PostgreSQL, and {entries}"

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 from sqlalchemy import text
@@ -315,3 +316,51 @@ def test_the_hosts_beat_schedule_starts_dtask_runs_beside_its_own_task(
     for run_id, _ in beat_runs():
         wait_for(lambda r=run_id: finished(r), 60, f"run {run_id} to finish")
     assert set((tmp_path / "add.txt").read_text().split()) == {"5"}
+
+
+SCHEDULER = "dtask.worker.beat:DatabaseScheduler"
+SENDING_ADD = "Sending due task add-every-second"
+
+
+def test_one_beat_for_both_kinds_two_beats_send_the_apps_entries_once(
+    start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`celery -A proj beat -S dtask...` runs dtask's schedules and the app's own entries;
+    with two such beats only the lease holder sends the app's entries, and when it is killed
+    the other takes over."""
+    env = project_env(dtask_env, tmp_path, None, 14)
+    start(env, "-Q", "celery,dtask", "-c", "2")
+    beats: list[tuple[subprocess.Popen[bytes], BinaryIO]] = []
+
+    def start_beat(name: str) -> tuple[subprocess.Popen[bytes], Path]:
+        log = tmp_path / f"{name}.log"
+        out = log.open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "proj", "beat", "-l", "INFO", "-S", SCHEDULER],
+            cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        beats.append((proc, out))
+        return proc, log
+
+    try:
+        first, first_log = start_beat("first")
+        wait_for(lambda: SENDING_ADD in first_log.read_text(), 60, "the first beat to send")
+        _, second_log = start_beat("second")
+        wait_for(lambda: "beat: Starting" in second_log.read_text(), 60, "the second beat")
+        sent_before = first_log.read_text().count(SENDING_ADD)
+        wait_for(lambda: first_log.read_text().count(SENDING_ADD) >= sent_before + 5, 60, "5 sends")
+        assert SENDING_ADD not in second_log.read_text()  # both ran; one sent
+        killed = time.monotonic()
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(10)
+        wait_for(lambda: SENDING_ADD in second_log.read_text(), 60, "the second beat to take over")
+        took = time.monotonic() - killed
+        print(f"\nthe second beat sent the app's entries {took:.1f} s after the first was killed")
+        assert took < 15
+        wait_for(lambda: (tmp_path / "add.txt").exists(), 30, "the host's own task ran")
+    finally:
+        for proc, out in beats:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(30)
+            out.close()
