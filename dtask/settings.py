@@ -294,7 +294,7 @@ def load() -> Settings:
 class Row(NamedTuple):
     name: str
     value: str | int | float | list[str] | None  # JSON-ready, secrets masked
-    source: str  # env, default or derived
+    source: str  # env, app (a host Celery app's dtask_* key), default or derived
 
 
 def rows(settings: Settings) -> list[Row]:
@@ -310,8 +310,10 @@ def rows(settings: Settings) -> list[Row]:
             value = list(value)
         elif field in _URLS and value is not None:
             value = mask(value)
-        if field in settings.model_fields_set:
+        if os.environ.get(env_name(field)):
             source = "env"
+        elif field in settings.model_fields_set:
+            source = "app"
         else:
             source = "derived" if field in _DERIVED else "default"
         found.append(Row(env_name(field), value, source))

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from dtask import services
+from dtask.db import schema
 from dtask.domain.runs import RunState
 from dtask.services import embedded
 from tests.conftest import REPO
@@ -364,3 +365,29 @@ def test_one_beat_for_both_kinds_two_beats_send_the_apps_entries_once(
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(30)
             out.close()
+
+
+def test_celery_dtask_commands_read_the_apps_settings_and_env_wins(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = project_env(dtask_env, tmp_path, None, 15)
+
+    def celery_dtask(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "proj", "dtask", *args],
+            cwd=PROJECT, env={**env, **extra}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    shown = celery_dtask("config")
+    assert shown.returncode == 0, shown.stderr
+    lines = {line.split()[0]: line for line in shown.stdout.splitlines()}
+    assert lines["DTASK_LEASE_TTL"].split()[1:] == ["4", "(app)"]
+    assert lines["DTASK_DATABASE_URL"].endswith("(app)")
+    assert lines["DTASK_RESULT_BACKEND"].endswith("(app)")
+    wins = celery_dtask("config", DTASK_LEASE_TTL="6")
+    lines = {line.split()[0]: line for line in wins.stdout.splitlines()}
+    assert lines["DTASK_LEASE_TTL"].split()[1:] == ["6", "(env)"]
+    migrated = celery_dtask("migrate")
+    assert migrated.returncode == 0 and schema.HEAD in migrated.stdout, migrated.stderr
+    unknown = celery_dtask("status", "999999999")
+    assert unknown.returncode == 2 and "no run with id 999999999" in unknown.stderr
