@@ -96,6 +96,8 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     print(f"run {status.id}  {status.template}  {status.state.value}")
     print(f"  key        {status.key}")
     print(f"  client     {status.client}, priority {status.priority}, tier {status.tier.value}")
+    if status.start_after:
+        print(f"  starts     {status.start_after:%Y-%m-%d %H:%M:%S %Z} (not before)")
     if status.deadline:
         verdict = {None: "", True: " (late)", False: " (started in time)"}[status.late]
         print(f"  deadline   {status.deadline:%Y-%m-%d %H:%M:%S %Z}{verdict}")

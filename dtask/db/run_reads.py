@@ -16,6 +16,7 @@ from dtask.exceptions import RunNotFound
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
     " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
+    " start_after,"
     " notify_error, notified_at"
 )
 
@@ -110,6 +111,7 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         client=row.client,
         priority=row.priority,
         deadline=row.deadline,
+        start_after=row.start_after,
         late=row.late,
         tier=Tier(row.tier),
         notify=None

@@ -118,6 +118,7 @@ class RunStatus:
     priority: int = DEFAULT_PRIORITY
     deadline: datetime | None = None  # to start by: submit time (or slot) + delay tolerance
     late: bool | None = None  # None: not decided yet (or no deadline)
+    start_after: datetime | None = None  # apply_async's countdown or eta: not started before
     tier: Tier = Tier.BASIC
     notify: dict[str, Any] | None = None  # the completion notification's delivery, if asked
 
@@ -141,6 +142,7 @@ class RunStatus:
             "client": self.client,
             "priority": self.priority,
             "deadline": self.deadline.isoformat() if self.deadline else None,
+            "start_after": self.start_after.isoformat() if self.start_after else None,
             "late": bool(self.late),
             "tier": self.tier.value,
             "notify": self.notify,
