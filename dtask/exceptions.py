@@ -122,6 +122,11 @@ class MissingExtra(ConfigurationError):
     """A feature needs an optional part of dtask that is not installed (`pip install dtask[x]`)."""
 
 
+class InvalidResult(DtaskError):
+    """A child's return value or a run's reduced result cannot be kept (not JSON, too big),
+    or the template's reduce raised."""
+
+
 class InvalidStart(DtaskError):
     """A countdown, eta or queue given to ``apply_async`` cannot be used."""
 

@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     result_backend: str | None = Field(default_factory=_default_backend)
     templates: Annotated[tuple[str, ...], NoDecode] = ()
     max_children: int = Field(100_000, ge=1)
+    max_child_result: int = Field(65_536, ge=0)  # bytes of JSON a child function may return
+    max_run_result: int = Field(1_048_576, ge=0)  # bytes of JSON a template's reduce may return
     lease_ttl: float = Field(8.0, ge=1.0)
     heartbeat_interval: float = Field(
         default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1
@@ -172,6 +174,8 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_RESULT_BACKEND": ("broker or embedded", "Celery result backend (must be Redis)"),
     "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),
     "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
+    "DTASK_MAX_CHILD_RESULT": ("65536", "bytes of JSON a child function may return"),
+    "DTASK_MAX_RUN_RESULT": ("1048576", "bytes of JSON a template's reduce may return"),
     "DTASK_LEASE_TTL": ("8", "seconds a child's lease lasts without a heartbeat"),
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),

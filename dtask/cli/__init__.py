@@ -1,5 +1,6 @@
 """The ``dtask`` command. Exit codes: 0 ok, 1 the run failed, 2 bad input or unreachable service,
-3 a wait timed out, 4 a client's limit exceeded (retry later). Errors are one line on stderr,
+3 a wait timed out (or `dtask result` of an unfinished run), 4 a client's limit exceeded
+(retry later). Errors are one line on stderr,
 never a traceback."""
 
 from __future__ import annotations

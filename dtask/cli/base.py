@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from dtask.exceptions import DtaskError, InvalidVariables
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_YET = 0, 1, 2, 3
 
 
 class Parser(argparse.ArgumentParser):

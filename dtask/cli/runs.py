@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
+from dtask.cli.base import EXIT_NOT_YET, EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
 from dtask.domain.clients import Tier
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
@@ -57,6 +57,14 @@ def register(sub: Any) -> None:
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
     status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
+
+    result = sub.add_parser(
+        "result", help="print a run's result (its template's reduce of the children's values)"
+    )
+    result.set_defaults(handler=_cmd_result)
+    result.add_argument("run_id", type=int)
+    result.add_argument("--wait", action="store_true", help="wait until the run has finished")
+    result.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
 
     for name, text, handler in (
         (
@@ -114,6 +122,9 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
         print(f"  finished   {status.finished_at:%Y-%m-%d %H:%M:%S %Z}")
     if status.error:
         print(f"  error      {status.error}")
+    if status.result is not None:
+        shown = json.dumps(status.result)
+        print(f"  result     {shown if len(shown) <= 200 else shown[:197] + '...'}")
 
 
 def _outcome(status: RunStatus) -> int:
@@ -188,7 +199,28 @@ def _cmd_status(args: argparse.Namespace) -> int:
     run = get_run(args.run_id)
     status = _wait(run.id, args.timeout, show=True) if args.watch else run.status()
     _print_status(status, args.json)
-    return _outcome(status) if args.watch else EXIT_OK
+    return _outcome(status)
+
+
+def _cmd_result(args: argparse.Namespace) -> int:
+    """The result as JSON on stdout (exit 0); a failed or cancelled run's error on stderr (exit
+    1); a run not finished yet says so (exit 3, as a --wait that timed out)."""
+    from dtask.client.runs import get_run
+
+    run = get_run(args.run_id)
+    status = _wait(run.id, args.timeout, show=True) if args.wait else run.status()
+    if not status.finished:
+        print(
+            f"dtask: run {status.id} is {status.state.value}: no result yet"
+            f" (dtask result {status.id} --wait)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_YET
+    if status.state is not RunState.SUCCEEDED:
+        print(f"dtask: run {status.id} {status.state.value}: {status.error}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    print(json.dumps(status.result))
+    return EXIT_OK
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from dtask.exceptions import (
     NothingToRerun,
     RunCancelled,
     RunFailed,
+    TemplateDefinitionError,
     WaitTimeout,
 )
 from dtask.worker import configure
@@ -64,15 +65,15 @@ class Run:
         return self.state in (RunState.FAILED, RunState.CANCELLED)
 
     def get(self, timeout: float | None = None) -> Any:
-        """Wait for the run and return its result, or raise RunFailed (RunCancelled) with its
-        error, as ``AsyncResult.get`` does; WaitTimeout after ``timeout`` seconds. A run has
-        no result value yet: a succeeded one returns None."""
+        """Wait for the run and return its result (its template's ``reduce`` of the children's
+        return values; None without one), or raise RunFailed (RunCancelled) with its error, as
+        ``AsyncResult.get`` does; WaitTimeout after ``timeout`` seconds."""
         status = self.wait(timeout)
         if status.state is RunState.CANCELLED:
             raise RunCancelled(f"run {self.id} was cancelled")
         if status.state is RunState.FAILED:
             raise RunFailed(f"run {self.id} failed: {status.error}")
-        return None
+        return status.result
 
     def revoke(self) -> None:
         """Celery's name for cancel; a finished run is left as it is (as revoking a finished
@@ -164,6 +165,12 @@ def submit(
     configure()
     config = services.current().settings
     tpl = registry.get(template)
+    if getattr(tpl.function, "__module__", None) == "__main__":
+        raise TemplateDefinitionError(
+            f"template {tpl.name!r} is defined in the script being run (__main__), which workers"
+            " cannot import: define templates in a module that workers import, and name it in"
+            " DTASK_TEMPLATES"
+        )
     where = f"run of template {tpl.name!r}"
     cap = check_execution_cap(execution_cap, where)
     tolerance = check_delay_tolerance(delay_tolerance, where) or tpl.options.delay_tolerance

@@ -180,14 +180,16 @@ class ChildStore:
             ttl=lease_ttl,
         )
 
-    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None:
-        """running -> succeeded under our fence, or raise LeaseLost."""
+    def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
+        """running -> succeeded under our fence, with the function's return value (JSON text,
+        checked by the caller), or raise LeaseLost."""
         self._fenced_update(
             claim,
             "state = 'succeeded', finished_at = now(),"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-            " lease_expires_at = NULL, error = NULL",
+            " lease_expires_at = NULL, error = NULL, result = CAST(:result AS jsonb)",
             cp=_json_or_none(final_checkpoint),
+            result=result,
         )
 
     def any_unfinished(self, run_id: int) -> bool:

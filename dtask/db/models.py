@@ -101,6 +101,7 @@ class RunRow(Base):
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     start_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # countdown
+    result: Mapped[Any | None] = mapped_column(JSONB)  # the template's reduce of its children's
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
@@ -140,6 +141,7 @@ class ChildRow(Base):
     owner: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     checkpoint: Mapped[Any | None] = mapped_column(JSONB)
+    result: Mapped[Any | None] = mapped_column(JSONB)  # the child function's return value
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -16,9 +16,17 @@ from dtask.exceptions import RunNotFound
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
     " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
-    " start_after,"
+    " start_after, result,"
     " notify_error, notified_at"
 )
+
+
+def child_results(conn: Connection, run_id: int) -> list[Any]:
+    """The run's children's return values, in index order (None where a child returned none)."""
+    rows = conn.execute(
+        sql("SELECT result FROM dtask_children WHERE run_id = :id ORDER BY index"), {"id": run_id}
+    )
+    return [r.result for r in rows]
 
 
 class RunReads:
@@ -112,6 +120,7 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         priority=row.priority,
         deadline=row.deadline,
         start_after=row.start_after,
+        result=row.result,
         late=row.late,
         tier=Tier(row.tier),
         notify=None

@@ -14,12 +14,12 @@ from sqlalchemy import Connection, Row
 from dtask.db import counters
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, lock_run, sql
-from dtask.db.run_reads import RunReads
+from dtask.db.run_reads import RunReads, child_results
 from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
 from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import RunState, outcome, sources
 from dtask.domain.tiers import tier_queue
-from dtask.exceptions import DtaskError, KeyConflict, RateLimited, RunNotFound
+from dtask.exceptions import DtaskError, KeyConflict, RateLimited, RunNotFound, UnknownTemplate
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class RunRecord:
     idle: float = 0.0  # seconds since the run last changed (e.g. became pending), by PostgreSQL
     tier: Tier = Tier.BASIC
     starts_in: float = 0.0  # seconds until it may split (apply_async's countdown or eta)
+
+
+# (the run, a loader of its children's results in index order) -> its result as JSON text
+Reducer = Callable[[RunRecord, Callable[[], list[Any]]], str | None]
 
 
 @dataclass(frozen=True)
@@ -386,9 +390,11 @@ class RunStore(RunReads):
             )
             return RunState.SPLITTING
 
-    def finalize(self, run_id: int, wait: bool = True) -> RunState:
+    def finalize(self, run_id: int, wait: bool = True, reduce: Reducer | None = None) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op.
-        With ``wait=False`` a run whose lock is held is left as it is."""
+        With ``wait=False`` a run whose lock is held is left as it is. A succeeding run's
+        result is ``reduce(run, children's results)`` (JSON text); a DtaskError from it fails
+        the run with its message, UnknownTemplate leaves the run to a process that knows it."""
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
@@ -399,22 +405,42 @@ class RunStore(RunReads):
             if final is None:
                 return run.state
             error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
+            result = None
+            if final is RunState.SUCCEEDED and reduce is not None:
+                try:
+                    result = reduce(run, lambda: child_results(conn, run_id))
+                except UnknownTemplate:
+                    return run.state
+                except DtaskError as exc:
+                    final, error = RunState.FAILED, str(exc)
             # a rerun's run is splitting: its own chord finalizes it, not this late callback
-            return final if self._set_run_state(conn, run_id, final, error=error) else run.state
+            changed = self._set_run_state(conn, run_id, final, error=error, result=result)
+            return final if changed else run.state
 
     @staticmethod
     def _set_run_state(
-        conn: Connection, run_id: int, state: RunState, error: str | None = None
+        conn: Connection,
+        run_id: int,
+        state: RunState,
+        error: str | None = None,
+        result: str | None = None,
     ) -> bool:
         finished = "now()" if state.finished else "NULL"
-        result = conn.execute(
+        changed = conn.execute(
             sql(
                 f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
-                " updated_at = now() WHERE id = :id AND state = ANY(:sources)"
+                " result = CAST(:result AS jsonb), updated_at = now()"
+                " WHERE id = :id AND state = ANY(:sources)"
             ),
-            {"id": run_id, "state": state.value, "error": error, "sources": sources(state)},
+            {
+                "id": run_id,
+                "state": state.value,
+                "error": error,
+                "result": result,
+                "sources": sources(state),
+            },
         )
-        return result.rowcount == 1
+        return changed.rowcount == 1
 
     @staticmethod
     def _failure_summary(conn: Connection, run_id: int) -> str:

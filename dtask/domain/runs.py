@@ -119,6 +119,7 @@ class RunStatus:
     deadline: datetime | None = None  # to start by: submit time (or slot) + delay tolerance
     late: bool | None = None  # None: not decided yet (or no deadline)
     start_after: datetime | None = None  # apply_async's countdown or eta: not started before
+    result: Any = None  # the template's reduce of its children's results (JSON)
     tier: Tier = Tier.BASIC
     notify: dict[str, Any] | None = None  # the completion notification's delivery, if asked
 
@@ -143,6 +144,7 @@ class RunStatus:
             "priority": self.priority,
             "deadline": self.deadline.isoformat() if self.deadline else None,
             "start_after": self.start_after.isoformat() if self.start_after else None,
+            "result": self.result,
             "late": bool(self.late),
             "tier": self.tier.value,
             "notify": self.notify,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.params import Param, as_param
+from dtask.domain.results import Reduce
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
 from dtask.domain.splitting import SplitStrategy, check_count, check_specs
 from dtask.exceptions import (
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from dtask.domain.schedules import Schedule
 
 JSON = Any
-ChildFunction = Callable[..., None]
+ChildFunction = Callable[..., Any]  # may return a small JSON value: the child's result
 
 _PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 _WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -129,6 +130,7 @@ class Template:
     split: SplitStrategy
     function: ChildFunction
     options: TemplateOptions = field(default_factory=TemplateOptions)
+    reduce: Reduce | None = None  # the children's results (index order) -> the run's result
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -417,8 +419,11 @@ def template(
     delay_tolerance: float | None = None,
     on_late: OnLate | str = OnLate.RUN,
     tier: Tier | str | None = None,
+    reduce: Reduce | None = None,
 ) -> Callable[[ChildFunction], Template]:
-    """Register the decorated child function as a template (see README)."""
+    """Register the decorated child function as a template (see README). ``reduce``, if
+    given, receives the list of the children's return values in index order when the run
+    succeeds; what it returns (JSON) is the run's result."""
 
     def register(fn: ChildFunction) -> Template:
         return registry.add(
@@ -438,6 +443,7 @@ def template(
                     on_late=on_late_of(on_late, f"template {name!r}"),
                     tier=_tier(tier, name),
                 ),
+                reduce=reduce,
             )
         )
 

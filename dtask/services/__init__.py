@@ -6,6 +6,8 @@ Also loads templates (the sample ones and DTASK_TEMPLATES) so every dtask proces
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -106,17 +108,27 @@ def import_database_driver() -> None:
 
 
 def load_templates(config: Settings | None = None) -> None:
-    """Import the sample templates and every module named in DTASK_TEMPLATES (once)."""
+    """Import the sample templates and every module named in DTASK_TEMPLATES (once). The
+    current folder is importable, as it is for ``celery -A``."""
     global _loaded_templates
     if _loaded_templates:
         return
     importlib.import_module("dtask.examples")
-    for module in (config or settings_module.load()).templates:
+    modules = (config or settings_module.load()).templates
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise ConfigurationError(
-                f"DTASK_TEMPLATES names {module!r}, which cannot be imported: {exc}"
+                f"DTASK_TEMPLATES names {module!r}, which cannot be imported from"
+                f" {os.getcwd()}: {exc}"
+            ) from None
+        except SyntaxError as exc:
+            raise ConfigurationError(
+                f"DTASK_TEMPLATES names {module!r}, which has a syntax error:"
+                f" {exc.filename}:{exc.lineno}: {exc.msg}"
             ) from None
     _loaded_templates = True
 

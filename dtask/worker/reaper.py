@@ -35,6 +35,7 @@ from dtask.worker import registry
 from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_master
+from dtask.worker.results import reducer
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -155,7 +156,8 @@ def reap_once() -> Pass:
             if not budget.left():
                 break
             # never wait on a run's lock: whoever holds it is finalizing or changing the run
-            state = guard("finalize", run_id, partial(store.runs.finalize, run_id, wait=False))
+            finalize = partial(store.runs.finalize, run_id, wait=False, reduce=reducer)
+            state = guard("finalize", run_id, finalize)
             if state is not None and state.finished:
                 finalized += 1
                 log.warning("reaper: run %s finalized (%s): its callback never ran", run_id, state)

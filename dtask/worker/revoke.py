@@ -18,6 +18,7 @@ from celery.signals import task_revoked
 
 from dtask import services
 from dtask.worker.dispatch import CHILD, MASTER
+from dtask.worker.results import reducer
 
 log = logging.getLogger("dtask.worker")
 
@@ -35,7 +36,7 @@ def _on_revoked(
             store = services.store()
             if store.children.revoke(run_id, index, error):
                 log.warning("%s: the child failed", error)
-            store.runs.finalize(run_id, wait=False)
+            store.runs.finalize(run_id, wait=False, reduce=reducer)
         elif name == MASTER and args:
             run_id = int(args[0])
             log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)

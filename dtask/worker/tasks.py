@@ -21,7 +21,9 @@ from celery.exceptions import Ignore
 
 from dtask import services
 from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
+from dtask.db.runs import Reducer
 from dtask.domain.context import ChildContext
+from dtask.domain.results import encode_result
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
@@ -47,6 +49,7 @@ from dtask.worker.dispatch import (
     send_chord,
 )
 from dtask.worker.heartbeat import Heartbeat
+from dtask.worker.results import reducer
 
 log = logging.getLogger("dtask.worker")
 
@@ -65,7 +68,9 @@ class ChildWrites(Protocol):
 
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None: ...
     def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None: ...
-    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None: ...
+    def finish(
+        self, claim: Claim, final_checkpoint: Any | None, result: str | None = None
+    ) -> None: ...
     def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
     def fail_attempt(self, claim: Claim, error: str) -> ChildState: ...
     def error(self, run_id: int, index: int) -> str | None: ...
@@ -74,7 +79,9 @@ class ChildWrites(Protocol):
 
 class RunReads(Protocol):
     def get(self, run_id: int) -> RunRecord: ...
-    def finalize(self, run_id: int, wait: bool = True) -> RunState: ...
+    def finalize(
+        self, run_id: int, wait: bool = True, reduce: Reducer | None = None
+    ) -> RunState: ...
 
 
 class LifecycleStore(Protocol):
@@ -338,10 +345,12 @@ def _run_claimed(
                     beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
                 ),
             )
-            tpl.function(ctx, **claim.spec)
+            value = tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
-            fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint))
+            what = f"run {run_id} child {index}"
+            result = encode_result(value, config.max_child_result, what, "DTASK_MAX_CHILD_RESULT")
+            fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint, result))
         _finalize_if_last(store, run_id)
     except (LeaseLost, DatabaseUnavailable) as exc:
         if beat.expired() and not beat.lost.is_set():
@@ -414,7 +423,7 @@ def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
     left to the chord callback or the reaper."""
     try:
         if not store.children.any_unfinished(run_id):
-            state = store.runs.finalize(run_id)
+            state = store.runs.finalize(run_id, reduce=reducer)
             log.info("run %s finalized by its last child: %s", run_id, state.value)
     except DtaskError as exc:
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
@@ -456,5 +465,5 @@ def _attempt_failed(
 
 @_task(FINALIZE, ignore_result=True)
 def finalize(run_id: int) -> None:
-    state = services.store().runs.finalize(run_id)
+    state = services.store().runs.finalize(run_id, reduce=reducer)
     log.info("run %s finalized: %s", run_id, state.value)

@@ -259,3 +259,35 @@ def tagged(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
 
     _sink(ctx).write_text(f"{os.environ.get('DTASK_TEST_TAG', '-')} {time.time():.3f}\n")
     time.sleep(delay)
+
+
+def _explode(results: list[object]) -> object:
+    raise ValueError(f"cannot combine {len(results)} results")
+
+
+@dtask.template(
+    "returns",
+    params={"n": int, "what": str},
+    skeleton={"start": 1, "end": "${n}", "what": "${what}"},
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("what",)),
+    max_attempts=1,
+    reduce=lambda results: {"children": len(results), "total": sum(r["sum"] for r in results)},
+)
+def returns(ctx: dtask.ChildContext, a: int, b: int, what: str) -> object:
+    """Returns per ``what``: "sum" a small dict, "big" 100 kB, "set" something not JSON."""
+    if what == "big":
+        return "x" * 100_000
+    if what == "set":
+        return {a, b}
+    return {"a": a, "b": b, "sum": sum(range(a, b + 1))}
+
+
+@dtask.template(
+    "bad_reduce",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=10),
+    reduce=_explode,
+)
+def bad_reduce(ctx: dtask.ChildContext, a: int, b: int) -> int:
+    return b - a + 1

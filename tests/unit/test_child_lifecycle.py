@@ -37,6 +37,7 @@ class FakeChildren:
     checkpoint_state: Any = None
     last_error: str | None = None
     writes: list[str] = field(default_factory=list)
+    result: str | None = None
     on_checkpoint: Callable[[FakeChildren], None] | None = None
 
     def claim(self) -> Claim:
@@ -66,8 +67,9 @@ class FakeChildren:
         self._owned(claim, "checkpoint")
         self.checkpoint_state = state
 
-    def finish(self, claim: Claim, final_checkpoint: Any | None) -> None:
+    def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
         self._owned(claim, "finish")
+        self.result = result
         self.state = ChildState.SUCCEEDED
         if final_checkpoint is not None:
             self.checkpoint_state = final_checkpoint
@@ -95,7 +97,7 @@ class FakeRuns:
         self._children = children
         self.finalized: list[int] = []
 
-    def finalize(self, run_id: int, wait: bool = True) -> RunState:
+    def finalize(self, run_id: int, wait: bool = True, reduce: Any = None) -> RunState:
         self.finalized.append(run_id)
         return RunState.SUCCEEDED
 

@@ -1,0 +1,24 @@
+"""a child's return value and its run's reduced result
+
+Revision ID: 0018
+Revises: 0017
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0018"
+down_revision = "0017"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.add_column("dtask_children", sa.Column("result", postgresql.JSONB))
+    op.add_column("dtask_runs", sa.Column("result", postgresql.JSONB))
+
+
+def downgrade() -> None:
+    op.drop_column("dtask_runs", "result")
+    op.drop_column("dtask_children", "result")
