@@ -57,6 +57,9 @@ def register(sub: Any) -> None:
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
     status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
+    status.add_argument(
+        "--child", type=int, metavar="N", help="show child N: its spec, error and traceback"
+    )
 
     result = sub.add_parser(
         "result", help="print a run's result (its template's reduce of the children's values)"
@@ -196,6 +199,10 @@ def _warn_if_nobody_consumes(run_id: int) -> None:
 def _cmd_status(args: argparse.Namespace) -> int:
     from dtask.client.runs import get_run
 
+    if args.child is not None:
+        from dtask.cli.children import show_child
+
+        return show_child(args.run_id, args.child, args.json)
     run = get_run(args.run_id)
     status = _wait(run.id, args.timeout, show=True) if args.watch else run.status()
     _print_status(status, args.json)

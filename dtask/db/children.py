@@ -66,6 +66,7 @@ class ChildDetail:
     worker: str | None  # host:pid while leased
     started_at: datetime | None
     finished_at: datetime | None
+    traceback: str | None = None  # of its latest failed attempt (only where asked for)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +80,7 @@ class ChildDetail:
             "worker": self.worker,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **({"traceback": self.traceback} if self.traceback is not None else {}),
         }
 
 
@@ -187,7 +189,8 @@ class ChildStore:
             claim,
             "state = 'succeeded', finished_at = now(),"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-            " lease_expires_at = NULL, error = NULL, result = CAST(:result AS jsonb)",
+            " lease_expires_at = NULL, error = NULL, traceback = NULL,"
+            " result = CAST(:result AS jsonb)",
             cp=_json_or_none(final_checkpoint),
             result=result,
         )
@@ -207,8 +210,9 @@ class ChildStore:
                 ).scalar()
             )
 
-    def fail_attempt(self, claim: Claim, error: str) -> ChildState:
-        """Record a failed attempt: back to pending for a retry, or failed when none are left."""
+    def fail_attempt(self, claim: Claim, error: str, traceback: str | None = None) -> ChildState:
+        """Record a failed attempt (its error line and traceback): back to pending for a
+        retry, or failed when none are left."""
         with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
@@ -218,11 +222,17 @@ class ChildStore:
                     "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
                     "   ELSE :error END,"
                     " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
+                    " traceback = :traceback,"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                     " RETURNING state"
                 ),
-                {"id": claim.child_id, "fence": claim.fence, "error": error},
+                {
+                    "id": claim.child_id,
+                    "fence": claim.fence,
+                    "error": error,
+                    "traceback": traceback,
+                },
             ).first()
         if row is None:
             raise LeaseLost(_lease_lost(claim))
@@ -305,6 +315,19 @@ class ChildStore:
             ).all()  # fmt: skip
         return [_detail(r) for r in rows]
 
+    def detail(self, run_id: int, index: int) -> ChildDetail | None:
+        """One child, with its latest failed attempt's traceback."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(
+                    "SELECT index, state, spec, attempt, max_attempts, checkpoint, error, owner,"
+                    " started_at, finished_at, traceback FROM dtask_children"
+                    " WHERE run_id = :run AND index = :index"
+                ),
+                {"run": run_id, "index": index},
+            ).first()
+        return None if row is None else _detail(row, traceback=row.traceback)
+
     def grid(self, run_id: int) -> list[tuple[str, int]]:
         """The run's children in index order as runs of one state: [(state, how many), ...];
         a pending child not yet sent to the broker is ``waiting``. One letter per child
@@ -332,10 +355,10 @@ class ChildStore:
 _GRID_STATES = {"w": "waiting", **{s.value[0]: s.value for s in ChildState}}
 
 
-def _detail(r: Row[Any]) -> ChildDetail:
+def _detail(r: Row[Any], traceback: str | None = None) -> ChildDetail:
     return ChildDetail(
         r._mapping["index"], ChildState(r.state), r.spec, r.attempt, r.max_attempts,
-        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at,
+        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback,
     )  # fmt: skip
 
 

@@ -15,6 +15,12 @@ T = TypeVar("T")
 CheckpointWriter = Callable[[Any], None]
 
 
+class _ChildLog(logging.LoggerAdapter[logging.Logger]):
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        return f"{extra['template']} run {extra['run']} child {extra['child']}: {msg}", kwargs
+
+
 class ChildContext:
     """Handed to every child function as its first argument.
 
@@ -36,10 +42,18 @@ class ChildContext:
         checkpoint_every: int,
         stop_requested: Callable[[], bool] = lambda: False,
         lease_lost: Callable[[], bool] = lambda: False,
+        template: str = "",
     ) -> None:
         self.run_id = run_id
         self.index = index
         self.attempt = attempt
+        self.template = template
+        self.log: logging.LoggerAdapter[logging.Logger] = _ChildLog(
+            logging.getLogger(f"dtask.template.{template or 'unknown'}"),
+            {"template": template, "run": run_id, "child": index},
+        )
+        """A logger named after the template (``dtask.template.<name>``) whose every line
+        names its template, run and child: ``ctx.log.info("row %s done", i)``."""
         self._state = checkpoint_state
         self._writer = writer
         self._interval = checkpoint_interval
@@ -47,7 +61,6 @@ class ChildContext:
         self._stop_requested = stop_requested
         self._lease_lost = lease_lost
         self._unsaved: Any = None
-        self.log = logging.getLogger(f"dtask.child.{run_id}.{index}")
 
     @property
     def checkpoint_state(self) -> Any:

@@ -82,5 +82,6 @@ def celery_settings(config: Settings) -> dict[str, Any]:
         },
         "worker_hijack_root_logger": True,
         "worker_redirect_stdouts": True,
+        "worker_redirect_stdouts_level": "INFO",  # a child's print is output, not a warning
         **link_settings(config, broker, backend),
     }

@@ -13,6 +13,7 @@ import math
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -72,7 +73,9 @@ class ChildWrites(Protocol):
         self, claim: Claim, final_checkpoint: Any | None, result: str | None = None
     ) -> None: ...
     def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
-    def fail_attempt(self, claim: Claim, error: str) -> ChildState: ...
+    def fail_attempt(
+        self, claim: Claim, error: str, traceback: str | None = None
+    ) -> ChildState: ...
     def error(self, run_id: int, index: int) -> str | None: ...
     def any_unfinished(self, run_id: int) -> bool: ...
 
@@ -333,6 +336,7 @@ def _run_claimed(
             ctx = ChildContext(
                 run_id=run_id,
                 index=index,
+                template=template,
                 attempt=claim.attempt,
                 checkpoint_state=claim.checkpoint,
                 writer=lambda state: fenced_write(
@@ -417,6 +421,14 @@ def _expired(beat: Heartbeat, index: int, exc: Exception, cut_off: bool) -> str:
     return f"{why}, stopping child {index}; another worker resumes it from its last checkpoint"
 
 
+TRACEBACK_KEPT = 16_000  # characters of a failed attempt's traceback kept (its end)
+
+
+def _traceback(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= TRACEBACK_KEPT else "...\n" + text[-TRACEBACK_KEPT:]
+
+
 def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
     """The run's last child to finish finalizes it from PostgreSQL's counts, whatever the
     result backend (a chord callback, where there is one, then finds it done). A failure is
@@ -451,7 +463,7 @@ def _attempt_failed(
     reprs: dict[str, str],
 ) -> None:
     error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
-    state = store.children.fail_attempt(claim, error)
+    state = store.children.fail_attempt(claim, error, _traceback(exc))
     if state is ChildState.FAILED:
         log.error("run %s child %s failed for good: %s", run_id, index, error)
         _finalize_if_last(store, run_id)

@@ -5,6 +5,7 @@ against shared services (a database, a broker) with a worker and `submit --wait`
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,8 +30,13 @@ HOST_REVISION = "9f8e7d6c5b4a"
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with the wheel built from this checkout (no extras)."""
     where = tmp_path_factory.mktemp("wheel")
+    source = where / "source"  # a copy: a build in the checkout leaves build/ there
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "dtask", source / "dtask", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(where)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(source), "-w", str(where)],
         check=True, timeout=600, capture_output=True,
     )  # fmt: skip
     wheel = next(where.glob("dtask-*.whl"))

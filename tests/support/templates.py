@@ -291,3 +291,13 @@ def returns(ctx: dtask.ChildContext, a: int, b: int, what: str) -> object:
 )
 def bad_reduce(ctx: dtask.ChildContext, a: int, b: int) -> int:
     return b - a + 1
+
+
+@dtask.template(
+    "logs",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=1),
+)
+def logs(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    ctx.log.info("working on %s..%s", a, b)
