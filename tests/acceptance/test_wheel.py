@@ -35,16 +35,22 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "dtask", source / "dtask", ignore=shutil.ignore_patterns("__pycache__"))
+    # without PYTHONPATH (the session's points at this checkout: pip would find dtask there
+    # already "installed" and install nothing)
+    env = _clean_env()
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(source), "-w", str(where)],
-        check=True, timeout=600, capture_output=True,
+        check=True, timeout=600, capture_output=True, env=env,
     )  # fmt: skip
     wheel = next(where.glob("dtask-*.whl"))
-    subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "venv", str(where / "venv")], check=True, timeout=300, env=env
+    )
     subprocess.run(
         [str(where / "venv/bin/pip"), "install", "-q", str(wheel)],
-        check=True, timeout=600, capture_output=True,
+        check=True, timeout=600, capture_output=True, env=env,
     )  # fmt: skip
+    assert (where / "venv/bin/dtask").exists()
     return where / "venv/bin"
 
 
