@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from dtask.cli.base import EXIT_NOT_YET, EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
 from dtask.domain.clients import Tier
@@ -138,7 +138,10 @@ def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
     from dtask.client.runs import Run
     from dtask.progress import Progress
 
-    return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
+    try:
+        return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
+    except KeyboardInterrupt:
+        _interrupted(run_id)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -163,17 +166,30 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         tier=args.tier,
         notify_url=args.notify_url,
     )
-    if not args.json:
-        verb = "submitted" if run.created else "already exists for this key"
-        print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
-    _warn_if_nobody_consumes(run.id)
-    if args.wait:
-        status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
-        _print_status(status, args.json)
-        return _outcome(status)
+    try:
+        if not args.json:
+            verb = "submitted" if run.created else "already exists for this key"
+            print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
+        _warn_if_nobody_consumes(run.id)
+        if args.wait:
+            status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
+            _print_status(status, args.json)
+            return _outcome(status)
+    except KeyboardInterrupt:
+        _interrupted(run.id)
     if args.json:
         _print_status(run.status(), True)
     return EXIT_OK
+
+
+def _interrupted(run_id: int) -> NoReturn:
+    """Ctrl-C while a run goes on: say how to get back to it."""
+    print(
+        f"\ndtask: stopped waiting; run {run_id} goes on: `dtask status {run_id} --watch`"
+        f" follows it, `dtask cancel {run_id}` stops it",
+        file=sys.stderr,
+    )
+    raise SystemExit(130)
 
 
 def _warn_if_nobody_consumes(run_id: int) -> None:

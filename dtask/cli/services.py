@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
 from dtask.cli.base import EXIT_OK
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
+from dtask.exceptions import ConfigurationError
 from dtask.settings import is_redis
 
 
@@ -43,8 +45,10 @@ def register(sub: Any) -> None:
     sub.add_parser("migrate", help="bring the database schema up to date").set_defaults(
         handler=_cmd_migrate
     )
-    sub.add_parser("down", help="stop the embedded PostgreSQL and Redis").set_defaults(
-        handler=_cmd_down
+    down = sub.add_parser("down", help="stop the embedded PostgreSQL and Redis")
+    down.set_defaults(handler=_cmd_down)
+    down.add_argument(
+        "--force", action="store_true", help="even while workers of this stack are running"
     )
     workers = sub.add_parser("workers", help="list the live workers: queues and child slots")
     workers.set_defaults(handler=_cmd_workers)
@@ -74,6 +78,15 @@ def _cmd_down(args: argparse.Namespace) -> int:
     from dtask.settings import load
 
     home = load().home
+    if not args.force and embedded.postgres_alive(home):
+        from dtask.client.workers import live_workers
+
+        running = sorted(w.name for w in live_workers())
+        if running:
+            raise ConfigurationError(
+                f"workers of the stack in {home} are running ({', '.join(running)}): stop"
+                " `dtask up` first (Ctrl-C), or `dtask down --force`"
+            )
     stopped = embedded.stop(home)
     print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
     return EXIT_OK
@@ -171,13 +184,27 @@ def _cmd_drain(args: argparse.Namespace) -> int:
     from dtask.worker import configure
 
     app = configure()
-    if not app.control.ping(destination=[args.worker], timeout=2):
-        raise DtaskError(f"no worker {args.worker!r} answered (names are listed in Flower)")
+    name = _full_worker_name(args.worker)
+    if not app.control.ping(destination=[name], timeout=2):
+        raise DtaskError(f"no worker {args.worker!r} answered (see `dtask workers`)")
     from dtask.worker.drain import DRAIN_COMMAND
 
-    app.control.broadcast(DRAIN_COMMAND, destination=[args.worker])
-    print(f"worker {args.worker} is handing over its running children and stopping")
+    app.control.broadcast(DRAIN_COMMAND, destination=[name])
+    print(f"worker {name} is handing over its running children and stopping")
     return EXIT_OK
+
+
+def _full_worker_name(name: str) -> str:
+    """``worker-1`` (as `dtask up` prints it) -> ``worker-1@host`` of the live worker that has
+    it; a full name stays as it is."""
+    if "@" in name:
+        return name
+    from dtask.client.workers import live_workers
+
+    found = sorted(w.name for w in live_workers() if w.name.split("@", 1)[0] == name)
+    if len(found) > 1:
+        raise ConfigurationError(f"{name!r} names several workers ({', '.join(found)}): pick one")
+    return found[0] if found else f"{name}@{socket.gethostname()}"
 
 
 def _cmd_beat(args: argparse.Namespace) -> int:

@@ -23,10 +23,12 @@ from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
+    InvalidStart,
     NotCancellable,
     NothingToRerun,
     RunCancelled,
     RunFailed,
+    RunNotFound,
     TemplateDefinitionError,
     WaitTimeout,
 )
@@ -178,6 +180,8 @@ def submit(
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     check_url(notify_url)
+    if key is not None and not key.strip():
+        raise InvalidStart(f"{where}: the key is empty (leave it out for an ad hoc run)")
     start_at, start_in = check_start(countdown, eta, where)
     children_queue = check_queue(queue, where) or tpl.options.queue
     if priority is not None:
@@ -215,5 +219,7 @@ def submit(
 
 
 def get_run(run_id: int) -> Run:
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise RunNotFound(f"no run with id {run_id!r}: a run id is an integer (see `dtask runs`)")
     services.store().runs.status(run_id)  # raises RunNotFound
     return Run(run_id, created=False)

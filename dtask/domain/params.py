@@ -58,6 +58,8 @@ class Param:
                 if lowered not in _TRUE | _FALSE:
                     raise ValueError(text)
                 return lowered in _TRUE
+            if not text.isascii() and self.type in (int, float):
+                raise ValueError(text)  # int() also takes full-width digits: a typo here
             if self.type is int:
                 return int(text.strip().replace("_", ""))
             if self.type is float:

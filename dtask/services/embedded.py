@@ -66,6 +66,7 @@ def postgres_url(home: Path) -> str:
 
 
 def postgres_alive(home: Path) -> bool:
+    _quiet_import_pgserver()
     from pgserver.utils import PostmasterInfo
 
     info = PostmasterInfo.read_from_pgdata(home / "postgres")

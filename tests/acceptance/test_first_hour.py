@@ -1,0 +1,144 @@
+"""What a newcomer trips over in the first hour: each answered in one line, never a
+traceback (issue 19)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import dtask
+from dtask import services
+from tests.acceptance.test_core import cli
+from tests.conftest import DTASK, REPO, WorkerProcess
+
+pytestmark = pytest.mark.acceptance
+
+
+def one_line(result: subprocess.CompletedProcess[str], code: int, says: str) -> None:
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_small_mistakes_get_one_line(dtask_env: dict[str, str]) -> None:
+    one_line(
+        cli(dtask_env, "submit", "print_range", "-v", "n=\uff11\uff12"), 2,
+        "variable 'n' must be int, got '\uff11\uff12'",
+    )  # fmt: skip
+    one_line(
+        cli(dtask_env, "submit", "print_range", "-v", "n=5", "--key", " "), 2,
+        "the key is empty (leave it out for an ad hoc run)",
+    )  # fmt: skip
+    one_line(cli(dtask_env, "drain", "worker-9"), 2, "no worker 'worker-9' answered")
+    with pytest.raises(dtask.RunNotFound, match="a run id is an integer"):
+        dtask.get_run("abc")  # type: ignore[arg-type]
+
+
+def test_a_template_module_found_in_the_current_folder_and_its_syntax_error_in_one_line(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    (tmp_path / "myjobs.py").write_text(
+        textwrap.dedent(
+            """
+            import dtask
+
+            @dtask.template("cube_sum", params={"n": int}, skeleton={"n": "${n}"},
+                            split=lambda r: [{"n": r["n"]}])
+            def cube_sum(ctx, n):
+                return n ** 3
+            """
+        )
+    )
+    env = {**dtask_env, "DTASK_TEMPLATES": "myjobs"}
+    env.pop("PYTHONPATH", None)
+    found = subprocess.run(
+        [DTASK, "templates"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert found.returncode == 0 and "cube_sum" in found.stdout, found.stderr
+    (tmp_path / "broken.py").write_text("def oops(:\n")
+    broken = subprocess.run(
+        [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": "broken"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    one_line(broken, 2, "DTASK_TEMPLATES names 'broken', which has a syntax error")
+
+
+def test_a_template_defined_in_the_script_being_run_is_refused(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import dtask
+
+            @dtask.template("in_main", params={"n": int}, skeleton={"n": "${n}"},
+                            split=lambda r: [{"n": r["n"]}])
+            def in_main(ctx, n):
+                return n
+
+            try:
+                in_main.delay(n=1)
+            except dtask.TemplateDefinitionError as exc:
+                print(exc)
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], env=dtask_env, capture_output=True, text=True, timeout=60
+    )
+    assert "defined in the script being run (__main__)" in result.stdout, result.stderr
+
+
+def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
+    dtask_env: dict[str, str],
+) -> None:
+    proc = subprocess.Popen(
+        [DTASK, "submit", "print_range", "-v", "n=5", "--wait"], env=dtask_env, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    first = proc.stderr.readline()  # "run N submitted": it waits from here on
+    assert first.endswith("submitted\n"), first
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    run_id = _latest_print_range_pending()
+    assert f"run {run_id} goes on: `dtask status {run_id} --watch` follows it" in err
+    assert "Traceback" not in err
+    dtask.get_run(run_id).cancel()
+
+
+def _latest_print_range_pending() -> int | None:
+    latest = [s for s in services.store().runs.statuses(limit=5) if s.template == "print_range"]
+    return latest[0].id if latest and latest[0].state is dtask.RunState.PENDING else None
+
+
+def test_a_broken_pipe_ends_quietly(dtask_env: dict[str, str]) -> None:
+    shell = f"{DTASK} templates | true"  # the reader is gone before dtask writes
+    result = subprocess.run(
+        ["bash", "-c", shell], env=dtask_env, capture_output=True, text=True, timeout=60
+    )
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+def test_down_refuses_while_workers_of_the_stack_run(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    env.update(DTASK_HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO))
+    worker = WorkerProcess(env, tmp_path / "w.log", "-c", "1", "--hostname", "worker-1@%h")
+    try:
+        worker.wait_ready()
+        refused = subprocess.run(
+            [DTASK, "down"], env=env, capture_output=True, text=True, timeout=60
+        )
+        one_line(refused, 2, "workers of the stack in")
+        assert "dtask down --force" in refused.stderr
+    finally:
+        worker.stop()
+        subprocess.run([DTASK, "down", "--force"], env=env, capture_output=True, timeout=60)
