@@ -209,7 +209,8 @@ def submit(
     record = store.runs.get(run_id)
     if created or record.state is RunState.PENDING:
         try:
-            send_master(run_id, countdown=record.starts_in)
+            shown = f"{tpl.name} run {run_id} key {record.key}"
+            send_master(run_id, countdown=record.starts_in, shown=shown)
         except BrokerUnavailable as exc:
             if created:
                 store.runs.forget_unsent(run_id)

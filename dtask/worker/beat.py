@@ -163,7 +163,7 @@ def beat_pass() -> float:
     for run_id, run in fired.created:
         slot = iso(run.slot) if run.slot else "?"
         try:
-            send_master(run_id)
+            send_master(run_id, shown=f"{run.template} run {run_id} schedule {run.schedule} {slot}")
         except DtaskError as exc:
             log.warning(
                 "schedule %s: slot %s is run %s, pending until a reaper starts it: %s",

@@ -32,10 +32,13 @@ def submit_signature(
     )
 
 
-def send_master(run_id: int, through: Any = None, countdown: float = 0.0) -> None:
+def send_master(
+    run_id: int, through: Any = None, countdown: float = 0.0, shown: str | None = None
+) -> None:
     """Wake a master for the run (a duplicate is harmless: the run's lock and state decide),
     after ``countdown`` seconds. Through ``through`` if given, else a producer from the
-    app's pool."""
+    app's pool. ``shown`` is what Flower and the logs show as its arguments (its template
+    and trigger), where the caller knows them."""
     app = configure()
     try:
         app.send_task(
@@ -43,6 +46,7 @@ def send_master(run_id: int, through: Any = None, countdown: float = 0.0) -> Non
             args=(run_id,),
             queue=DEFAULT_QUEUE,
             countdown=countdown or None,
+            argsrepr=shown or f"run {run_id}",
             retry=True,
             ignore_result=True,
             producer=through,

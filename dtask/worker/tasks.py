@@ -261,7 +261,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         )
         links.reached()
         if isinstance(taken, Refusal):
-            _refused(run_id, index, taken)
+            _refused(self, run_id, index, taken)
             return None
         _run_claimed(self, store, taken, run_id, index, template, spec, config, claimed_at)
     except LeaseLost as exc:
@@ -281,11 +281,24 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
 
 def _hand_over(
     store: LifecycleStore, run_id: int, index: int, template: str, spec: dict[str, Any]
-) -> None:
-    """Re-send a child this worker let go of, ahead of first-time children."""
+) -> bool:
+    """Re-send a child this worker let go of, ahead of first-time children; False when its run
+    is no longer active (cancelled): nothing goes on with it."""
     run = store.runs.get(run_id)
     if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
         publish([Redispatch(run_id, index, spec, template, run.group_id, run.queue)])
+        return True
+    return False
+
+
+def _ended_for_flower(task: Task) -> None:
+    """An ignored task sends no final event: Flower would show it STARTED for ever. A child
+    that ends because its run was cancelled is ``REVOKED`` there (as a revoke would be)."""
+    try:
+        if task.app.conf.worker_send_task_events:
+            task.send_event("task-revoked", terminated=False, signum=None, expired=False)
+    except Exception as exc:  # monitoring only: never fail the child for it
+        log.debug("could not send task-revoked: %s", exc)
 
 
 def _run_claimed(
@@ -373,7 +386,8 @@ def _run_claimed(
         # Always, also after a cancel: a rerun may have made the run active again meanwhile,
         # and its message for this child was dropped as a duplicate while we held the lease.
         # _hand_over re-sends only while the run is active.
-        _hand_over(store, run_id, index, template, spec)
+        if not _hand_over(store, run_id, index, template, spec):
+            _ended_for_flower(task)
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
@@ -441,7 +455,7 @@ def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
 
 
-def _refused(run_id: int, index: int, refusal: Refusal) -> None:
+def _refused(task: Task, run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.DONE:
         return  # same id, state and result as the first report: the chord counts it once
     if refusal.reason is ClaimRefusal.FAILED:
@@ -449,6 +463,8 @@ def _refused(run_id: int, index: int, refusal: Refusal) -> None:
     # BUSY: a duplicate while another owner holds the lease (the reaper re-sends the child
     # if that owner dies); INACTIVE: the run was cancelled; GONE: the run was deleted.
     log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
+    if refusal.reason is not ClaimRefusal.BUSY:  # BUSY: the same task id runs elsewhere
+        _ended_for_flower(task)
     raise Ignore()
 
 

@@ -177,3 +177,33 @@ def test_the_demo_survives_its_sigkill_and_prints_plain_lines_without_a_tty(
     assert "demo: SIGKILL worker-" in out and "resumed" in out and "from its checkpoint" in out
     assert "\r" not in out and "\x1b" not in out
     assert dtask_processes(tmp_path / "home") == []
+
+
+def test_flower_shows_a_cancelled_runs_children_in_a_final_state_and_masters_by_template(
+    flower: str, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    wait_until_flower_captures_events(flower)
+    run = dtask.submit("slow_range", {"n": 200, "delay": 0.2})  # 10 children of 4 s
+    wait_for(lambda: run.status().children.running >= 2, 60, "children to start")
+    run.cancel()
+    assert run.wait(timeout=60).state is dtask.RunState.CANCELLED
+    prefix = f"slow_range run {run.id} child "
+
+    def settled() -> list[dict[str, Any]]:
+        tasks = [
+            t for t in get(flower + "/api/tasks?limit=2000").values()
+            if str(t.get("args", "")).startswith(prefix)
+        ]  # fmt: skip
+        started = [t for t in tasks if t["state"] in ("STARTED", "RECEIVED")]
+        return tasks if tasks and not started else []
+
+    tasks = wait_for(settled, 60, "the cancelled run's children to end in Flower")
+    states = {t["state"] for t in tasks}
+    (tmp_path / "flower-cancelled.json").write_text(json.dumps(tasks, indent=1))
+    print(f"\nFlower: {len(tasks)} child tasks of cancelled run {run.id}: {sorted(states)}")
+    assert "REVOKED" in states and states <= {"REVOKED", "SUCCESS"}
+    masters = [
+        t for t in get(flower + "/api/tasks?limit=2000&taskname=dtask.master").values()
+        if t.get("args", "").startswith(f"slow_range run {run.id} key adhoc:")
+    ]  # fmt: skip
+    assert masters, "the master shows its template, run and key"
