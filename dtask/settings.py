@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
+import platformdirs
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -36,7 +37,8 @@ class Settings(BaseSettings):
         env_prefix=PREFIX, env_ignore_empty=True, frozen=True, allow_inf_nan=False
     )
 
-    home: Path = Path(".dtask")
+    # one local stack per user, whatever folder a command runs in (~/.local/state/dtask)
+    home: Path = Field(default_factory=lambda: platformdirs.user_state_path("dtask"))
     database_url: str | None = None
     auto_migrate: bool = False  # a shared database is migrated by `dtask migrate` unless set
     broker_url: str | None = None
@@ -163,7 +165,10 @@ _KNOWN = {env_name(f): f for f in Settings.model_fields}
 
 # name -> (default, meaning). The README's configuration table is checked against this.
 DOCUMENTED: dict[str, tuple[str, str]] = {
-    "DTASK_HOME": ("./.dtask", "where the embedded PostgreSQL and Redis keep their data"),
+    "DTASK_HOME": (
+        "user state dir",
+        "where the embedded PostgreSQL and Redis keep their data (~/.local/state/dtask)",
+    ),
     "DTASK_DATABASE_URL": ("embedded", "PostgreSQL URL; unset = embedded PostgreSQL"),
     "DTASK_AUTO_MIGRATE": (
         "0",

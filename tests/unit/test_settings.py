@@ -7,6 +7,7 @@ import string
 from collections.abc import Callable
 from pathlib import Path
 
+import platformdirs
 import pydantic
 import pytest
 from hypothesis import assume, given
@@ -35,7 +36,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Env:
 def test_defaults_use_embedded_services(env: Env) -> None:
     s = load()
     assert s.embedded_database and s.embedded_broker and s.embedded_result_backend
-    assert s.home == Path(".dtask").absolute()
+    assert s.home == platformdirs.user_state_path("dtask")  # the same from any folder
     assert s.templates == ()
     assert (s.max_children, s.lease_ttl, s.heartbeat_interval) == (100_000, 8.0, 2.0)
     assert (s.reaper_interval, s.stall_timeout, s.drain_grace) == (1.0, 15.0, 5.0)
