@@ -1,0 +1,78 @@
+"""The README is tested: every ``sh`` and ``python`` block runs as written, in order, from a
+folder outside the checkout, on the embedded default (tests/support/readme.py says how a block
+is marked as a file to write, or skipped with its reason)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO
+from tests.support.readme import blocks
+
+pytestmark = pytest.mark.acceptance
+README = REPO / "README.md"
+END = "DTASK_README_EOF"
+
+
+def test_every_block_is_run_written_or_skipped_with_a_reason() -> None:
+    found = [b for b in blocks(README) if b.language in ("sh", "python")]
+    assert len([b for b in found if b.runs]) >= 5
+    for block in found:
+        assert block.runs or block.file or (block.skip and len(block.skip) > 10), block.line
+
+
+def test_the_readmes_blocks_run_as_written(tmp_path: Path) -> None:
+    folder, home = tmp_path / "project", tmp_path / "home"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    env.pop("PYTHONPATH", None)  # nothing of the checkout but the installed dtask
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", DTASK_HOME=str(home))
+    state = folder / ".readme-state.sh"
+    state.write_text("")
+    try:
+        for block in blocks(README):
+            if block.file:
+                (folder / block.file).write_text(block.code)
+            elif block.runs:
+                _run(block.language, block.code, block.line, folder, env, state, tmp_path)
+    finally:
+        _stop_everything_of(home, env)
+
+
+def _run(
+    language: str, code: str, line: int, folder: Path, env: dict[str, str], state: Path,
+    logs: Path,
+) -> None:  # fmt: skip
+    if language == "sh":
+        script = f"source {state}\nset -eo pipefail\n{code}export -p > {state}\n"
+    else:
+        script = f"source {state}\npython - <<'{END}'\n{code}{END}\n"
+    log = logs / f"readme-line-{line}.log"
+    with log.open("wb") as out:  # a file, not a pipe: `dtask up &` outlives the block
+        result = subprocess.run(
+            ["bash", "-c", script], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
+            timeout=600,
+        )  # fmt: skip
+    text = log.read_text(errors="replace")
+    print(f"\n--- README line {line} ({language}): exit {result.returncode}\n{text[-1500:]}")
+    assert result.returncode == 0, f"README.md line {line} failed:\n{text[-3000:]}"
+    assert "Traceback" not in text, f"README.md line {line}:\n{text[-3000:]}"
+
+
+def _stop_everything_of(home: Path, env: dict[str, str]) -> None:
+    """`dtask up` and what it started for this home, then the embedded services."""
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("DTASK_HOME") == str(home) and "up" in proc.cmdline():
+                os.killpg(os.getpgid(proc.pid), signal.SIGTERM)
+                proc.wait(60)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    subprocess.run(["dtask", "down", "--force"], env=env, capture_output=True, timeout=120)
