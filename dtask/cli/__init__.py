@@ -29,8 +29,20 @@ def commands() -> set[str]:
     return set(found[0].choices)
 
 
+def _templates_option(argv: list[str]) -> list[str]:
+    """``--templates MODULES`` on any command (worker included) is DTASK_TEMPLATES for it."""
+    rest, args = [], iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name == "--templates":
+            os.environ["DTASK_TEMPLATES"] = value if eq else next(args, "")
+        else:
+            rest.append(arg)
+    return rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _templates_option(list(sys.argv[1:] if argv is None else argv))
     try:
         if argv[:1] == ["worker"]:  # every other option goes to `celery worker` as it is
             return services.run_worker(argv[1:])

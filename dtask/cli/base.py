@@ -9,11 +9,18 @@ from typing import Any, TypeVar
 from dtask.exceptions import DtaskError, InvalidVariables
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_YET = 0, 1, 2, 3
+TEMPLATES_HELP = (
+    "\nevery command also takes --templates MODULES: the modules that define your templates"
+    " (DTASK_TEMPLATES for this command; the current folder is importable)\n"
+)
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2, like every other bad input
         self.exit(EXIT_BAD_INPUT, f"dtask: error: {message} (see `{self.prog} --help`)\n")
+
+    def format_help(self) -> str:
+        return super().format_help() + TEMPLATES_HELP
 
 
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:

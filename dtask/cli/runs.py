@@ -93,6 +93,7 @@ def register(sub: Any) -> None:
     runs.add_argument("--client", help="only the runs of this client")
     runs.add_argument("--state", choices=[s.value for s in RunState], help="only runs in it")
     runs.add_argument("--template", help="only the runs of this template")
+    runs.add_argument("--schedule", help="only the runs of this schedule's slots")
 
     templates = sub.add_parser("templates", help="list the registered templates")
     templates.set_defaults(handler=_cmd_templates)
@@ -268,16 +269,20 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         client=args.client,
         state=None if args.state is None else RunState(args.state),
         template=args.template,
+        schedule=args.schedule,
     )
     if args.json:
         print(json.dumps([s.as_json() for s in statuses]))
         return EXIT_OK
-    print(f"{'ID':>6}  {'TEMPLATE':<20} {'STATE':<10} {'DONE':>13}  {'CREATED':<19}  KEY")
+    print(
+        f"{'ID':>6}  {'TEMPLATE':<20} {'STATE':<10} {'OK':>7} {'FAILED':>7} {'TOTAL':>7}"
+        f"  {'CREATED':<19}  KEY"
+    )
     for s in statuses:
-        done = f"{s.children.finished}/{s.children.total}"
+        c = s.children
         print(
-            f"{s.id:>6}  {s.template:<20} {s.state.value:<10} {done:>13}"
-            f"  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.key}"
+            f"{s.id:>6}  {s.template:<20} {s.state.value:<10} {c.succeeded:>7} {c.failed:>7}"
+            f" {c.total:>7}  {s.created_at:%Y-%m-%d %H:%M:%S}  {s.key}"
         )
     return EXIT_OK
 

@@ -61,6 +61,12 @@ def test_a_template_module_found_in_the_current_folder_and_its_syntax_error_in_o
         [DTASK, "templates"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
     assert found.returncode == 0 and "cube_sum" in found.stdout, found.stderr
+    without = {k: v for k, v in env.items() if k != "DTASK_TEMPLATES"}
+    for argv in (["templates", "--templates", "myjobs"], ["--templates=myjobs", "templates"]):
+        named = subprocess.run(
+            [DTASK, *argv], cwd=tmp_path, env=without, capture_output=True, text=True, timeout=60
+        )
+        assert named.returncode == 0 and "cube_sum" in named.stdout, named.stderr
     (tmp_path / "broken.py").write_text("def oops(:\n")
     broken = subprocess.run(
         [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": "broken"},
@@ -142,3 +148,17 @@ def test_down_refuses_while_workers_of_the_stack_run(tmp_path: Path) -> None:
     finally:
         worker.stop()
         subprocess.run([DTASK, "down", "--force"], env=env, capture_output=True, timeout=60)
+
+
+def test_runs_shows_succeeded_failed_and_total_and_filters(
+    dtask_env: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    bad = dtask.submit("always_fails", {"n": 30, "bad": 15})
+    assert bad.wait(timeout=120).state is dtask.RunState.FAILED
+    shown = cli(dtask_env, "runs", "--template", "always_fails", "--state", "failed")
+    header, *rows = shown.stdout.splitlines()
+    assert header.split()[:6] == ["ID", "TEMPLATE", "STATE", "OK", "FAILED", "TOTAL"]
+    mine = next(r for r in rows if r.split()[0] == str(bad.id))
+    assert mine.split()[1:6] == ["always_fails", "failed", "2", "1", "3"]
+    none = cli(dtask_env, "runs", "--schedule", "no-such-schedule")
+    assert none.returncode == 0 and len(none.stdout.splitlines()) == 1
