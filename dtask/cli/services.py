@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     up.add_argument("--flower-port", type=int, default=5555)
     up.add_argument("--no-api", action="store_true", help="without `dtask serve`")
     up.add_argument("--api-port", type=int, default=8000)
+    up.add_argument(
+        "--reload",
+        action="store_true",
+        help="restart workers, beat and the API when a DTASK_TEMPLATES file changes",
+    )
 
     flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
     flower.set_defaults(handler=_cmd_flower)
@@ -127,6 +132,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from dtask.local.reload import Watch
     from dtask.local.stack import Stack
 
     stack = Stack(
@@ -149,7 +155,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
             print(f"  {line}")
         print("Ctrl-C stops everything.", flush=True)
         reported: set[str] = set()
+        watch = Watch(stack.settings.templates) if args.reload and stack.settings else None
+        if watch is not None:
+            names = ", ".join(watch.modules) or "none: set DTASK_TEMPLATES"
+            print(f"dtask up: reloading when a template module changes ({names})", flush=True)
         while not stopping.wait(1):
+            changed = watch.changed() if watch is not None else []
+            if changed:
+                print(f"dtask up: {', '.join(p.name for p in changed)} changed: reloading...")
+                stack.reload()
+                reported.clear()
+                print("dtask up: reloaded", flush=True)
             for child in stack.unexpected_exits():
                 if child.name not in reported:
                     reported.add(child.name)

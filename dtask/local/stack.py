@@ -36,9 +36,15 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    command: list[str] = field(default_factory=list)
+    since: int = 0  # where this process's output starts in its log (a reload appends)
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        if not self.log.exists():
+            return ""
+        with self.log.open("rb") as log:
+            log.seek(self.since)
+            return log.read().decode(errors="replace")
 
 
 def dtask_command(*args: str) -> list[str]:
@@ -146,13 +152,31 @@ class Stack:
             ),
         )  # fmt: skip
 
-    def _spawn(self, name: str, command: list[str]) -> Child:
+    def reload(self) -> None:
+        """Restart every process that imports templates (workers hand their children over,
+        as on scale-down), so edited template code takes effect; Flower stays."""
+        old = [c for c in self.children if c.name != "flower"]
+        for child in old:
+            os.killpg(child.proc.pid, signal.SIGTERM)
+        for child in old:
+            try:
+                child.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.proc.pid, signal.SIGKILL)
+                child.proc.wait(10)
+            self.children.remove(child)
+        for child in old:
+            self._spawn(child.name, child.command, append=True)
+        self.wait_ready()
+
+    def _spawn(self, name: str, command: list[str], append: bool = False) -> Child:
         log = self.logs / f"{name}.log"
-        with log.open("wb") as out:
+        since = log.stat().st_size if append and log.exists() else 0
+        with log.open("ab" if append else "wb") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        child = Child(name, proc, log)
+        child = Child(name, proc, log, command, since)
         self.children.append(child)
         return child
 

@@ -3,6 +3,7 @@ traceback (issue 19)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import dtask
 from dtask import services
 from tests.acceptance.test_core import cli
 from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -162,3 +164,53 @@ def test_runs_shows_succeeded_failed_and_total_and_filters(
     assert mine.split()[1:6] == ["always_fails", "failed", "2", "1", "3"]
     none = cli(dtask_env, "runs", "--schedule", "no-such-schedule")
     assert none.returncode == 0 and len(none.stdout.splitlines()) == 1
+
+
+VERSIONED = """
+import dtask
+
+
+@dtask.template("versioned", params={{"n": int}}, skeleton={{"n": "${{n}}"}},
+                split=lambda r: [{{"n": r["n"]}}], reduce=lambda results: results[0])
+def versioned(ctx, n):
+    return {version}
+"""
+
+
+def test_up_reload_restarts_the_workers_when_a_template_file_changes(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "myjobs.py").write_text(VERSIONED.format(version=1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    env.pop("PYTHONPATH", None)
+    env.update(DTASK_HOME=str(tmp_path / "home"), DTASK_TEMPLATES="myjobs")
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(
+        [DTASK, "up", "--reload", "--workers", "1", "--no-flower", "--no-beat", "--no-api"],
+        cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+    def said(text: str) -> bool:
+        return text in (tmp_path / "up.log").read_text()
+
+    def result() -> str:
+        done = subprocess.run(
+            [DTASK, "submit", "versioned", "-v", "n=1", "--wait", "--json", "--timeout", "120"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return str(json.loads(done.stdout)["result"])
+
+    try:
+        wait_for(lambda: said("Ctrl-C stops everything."), 120, "dtask up to be up")
+        assert said("reloading when a template module changes (myjobs)")
+        assert result() == "1"
+        (folder / "myjobs.py").write_text(VERSIONED.format(version=2))
+        wait_for(lambda: said("dtask up: reloaded"), 120, "the reload")
+        assert said("myjobs.py changed: reloading...")
+        assert result() == "2"
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(60)
+        log.close()
+        subprocess.run([DTASK, "down", "--force"], env=env, capture_output=True, timeout=120)
