@@ -82,6 +82,10 @@ def show_child(run_id: int, index: int, as_json: bool) -> int:
         print(f"  worker     {child.worker}")
     if child.error:
         print(f"  error      {child.error}")
+    if child.output:
+        print("  the last lines its latest failed attempt printed:")
+        for line in child.output.splitlines():
+            print(f"    {line}")
     if child.traceback:
         print("  traceback of its latest failed attempt:")
         for line in child.traceback.rstrip().splitlines():

@@ -67,6 +67,7 @@ class ChildDetail:
     started_at: datetime | None
     finished_at: datetime | None
     traceback: str | None = None  # of its latest failed attempt (only where asked for)
+    output: str | None = None  # the last lines that attempt printed (only where asked for)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +82,7 @@ class ChildDetail:
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
             **({"traceback": self.traceback} if self.traceback is not None else {}),
+            **({"output": self.output} if self.output is not None else {}),
         }
 
 
@@ -189,7 +191,7 @@ class ChildStore:
             claim,
             "state = 'succeeded', finished_at = now(),"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-            " lease_expires_at = NULL, error = NULL, traceback = NULL,"
+            " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
             " result = CAST(:result AS jsonb)",
             cp=_json_or_none(final_checkpoint),
             result=result,
@@ -210,9 +212,11 @@ class ChildStore:
                 ).scalar()
             )
 
-    def fail_attempt(self, claim: Claim, error: str, traceback: str | None = None) -> ChildState:
-        """Record a failed attempt (its error line and traceback): back to pending for a
-        retry, or failed when none are left."""
+    def fail_attempt(
+        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
+    ) -> ChildState:
+        """Record a failed attempt (its error line, traceback and last printed lines): back to
+        pending for a retry, or failed when none are left."""
         with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
@@ -222,7 +226,7 @@ class ChildStore:
                     "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
                     "   ELSE :error END,"
                     " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
-                    " traceback = :traceback,"
+                    " traceback = :traceback, output = :output,"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                     " RETURNING state"
@@ -232,6 +236,7 @@ class ChildStore:
                     "fence": claim.fence,
                     "error": error,
                     "traceback": traceback,
+                    "output": output,
                 },
             ).first()
         if row is None:
@@ -321,12 +326,12 @@ class ChildStore:
             row = conn.execute(
                 sql(
                     "SELECT index, state, spec, attempt, max_attempts, checkpoint, error, owner,"
-                    " started_at, finished_at, traceback FROM dtask_children"
+                    " started_at, finished_at, traceback, output FROM dtask_children"
                     " WHERE run_id = :run AND index = :index"
                 ),
                 {"run": run_id, "index": index},
             ).first()
-        return None if row is None else _detail(row, traceback=row.traceback)
+        return None if row is None else _detail(row, row.traceback, row.output)
 
     def grid(self, run_id: int) -> list[tuple[str, int]]:
         """The run's children in index order as runs of one state: [(state, how many), ...];
@@ -355,10 +360,10 @@ class ChildStore:
 _GRID_STATES = {"w": "waiting", **{s.value[0]: s.value for s in ChildState}}
 
 
-def _detail(r: Row[Any], traceback: str | None = None) -> ChildDetail:
+def _detail(r: Row[Any], traceback: str | None = None, output: str | None = None) -> ChildDetail:
     return ChildDetail(
         r._mapping["index"], ChildState(r.state), r.spec, r.attempt, r.max_attempts,
-        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback,
+        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback, output,
     )  # fmt: skip
 
 

@@ -143,6 +143,7 @@ class ChildRow(Base):
     checkpoint: Mapped[Any | None] = mapped_column(JSONB)
     result: Mapped[Any | None] = mapped_column(JSONB)  # the child function's return value
     traceback: Mapped[str | None] = mapped_column(Text)  # of its latest failed attempt
+    output: Mapped[str | None] = mapped_column(Text)  # the last lines that attempt printed
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

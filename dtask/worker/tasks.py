@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from dtask.worker.dispatch import (
     send_chord,
 )
 from dtask.worker.heartbeat import Heartbeat
+from dtask.worker.output import Tail
 from dtask.worker.results import reducer
 
 log = logging.getLogger("dtask.worker")
@@ -74,7 +76,7 @@ class ChildWrites(Protocol):
     ) -> None: ...
     def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
     def fail_attempt(
-        self, claim: Claim, error: str, traceback: str | None = None
+        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
     ) -> ChildState: ...
     def error(self, run_id: int, index: int) -> str | None: ...
     def any_unfinished(self, run_id: int) -> bool: ...
@@ -344,6 +346,7 @@ def _run_claimed(
         _hand_over(store, run_id, index, template, spec)
 
     drain.running(release_and_hand_over)
+    printed = Tail(sys.stdout)
     try:
         with beat:
             ctx = ChildContext(
@@ -362,7 +365,8 @@ def _run_claimed(
                     beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
                 ),
             )
-            value = tpl.function(ctx, **claim.spec)
+            with contextlib.redirect_stdout(printed):
+                value = tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
             what = f"run {run_id} child {index}"
@@ -381,7 +385,10 @@ def _run_claimed(
         if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
             reprs = readable(template, run_id, index, spec)
             failure = ExecutionCapExceeded(cap.message())
-            _attempt_failed(task, store, claim, run_id, index, failure, config.retry_delay, reprs)
+            _attempt_failed(
+                task, store, claim, run_id, index, failure, config.retry_delay, reprs,
+                printed.text(),
+            )  # fmt: skip
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
         # Always, also after a cancel: a rerun may have made the run active again meanwhile,
         # and its message for this child was dropped as a duplicate while we held the lease.
@@ -392,7 +399,9 @@ def _run_claimed(
         raise Ignore() from None
     except Exception as exc:
         reprs = readable(template, run_id, index, spec)
-        _attempt_failed(task, store, claim, run_id, index, exc, config.retry_delay, reprs)
+        _attempt_failed(
+            task, store, claim, run_id, index, exc, config.retry_delay, reprs, printed.text()
+        )
     finally:
         drain.running(None)
 
@@ -477,9 +486,10 @@ def _attempt_failed(
     exc: Exception,
     delay: float,
     reprs: dict[str, str],
+    output: str | None = None,
 ) -> None:
     error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
-    state = store.children.fail_attempt(claim, error, _traceback(exc))
+    state = store.children.fail_attempt(claim, error, _traceback(exc), output)
     if state is ChildState.FAILED:
         log.error("run %s child %s failed for good: %s", run_id, index, error)
         _finalize_if_last(store, run_id)

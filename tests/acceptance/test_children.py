@@ -33,6 +33,8 @@ def test_children_list_and_a_failed_childs_traceback(
     ]
     shown = cli(dtask_env, "status", str(run.id), "--child", "1")
     assert shown.returncode == 0, shown.stderr
+    assert "the last lines its latest failed attempt printed:" in shown.stdout
+    assert "checking 11..20 (attempt 3)" in shown.stdout
     assert "traceback of its latest failed attempt:" in shown.stdout
     assert "Traceback (most recent call last):" in shown.stdout
     assert "ValueError: item 15 is poison" in shown.stdout

@@ -46,6 +46,7 @@ def flaky_range(ctx: dtask.ChildContext, a: int, b: int, fail_at: int) -> None:
 def always_fails(ctx: dtask.ChildContext, a: int, b: int, bad: int) -> None:
     with _sink(ctx).open("a") as out:
         out.write(f"attempt {ctx.attempt}\n")
+    print(f"checking {a}..{b} (attempt {ctx.attempt})")
     if a <= bad <= b:
         raise ValueError(f"item {bad} is poison")
 

@@ -78,7 +78,9 @@ class FakeChildren:
         self._owned(claim, "release")
         self.state, self.attempt = ChildState.PENDING, self.attempt - 1
 
-    def fail_attempt(self, claim: Claim, error: str, traceback: str | None = None) -> ChildState:
+    def fail_attempt(
+        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
+    ) -> ChildState:
         self._owned(claim, "fail_attempt")
         last = self.attempt >= self.max_attempts
         self.state = ChildState.FAILED if last else ChildState.PENDING
