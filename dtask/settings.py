@@ -176,7 +176,10 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         " one always is); 0: it refuses an old schema and says to run `dtask migrate`",
     ),
     "DTASK_BROKER_URL": ("embedded", "Celery broker URL; unset = embedded Redis"),
-    "DTASK_RESULT_BACKEND": ("broker or embedded", "Celery result backend (must be Redis)"),
+    "DTASK_RESULT_BACKEND": (
+        "broker or embedded",
+        "Celery result backend (any; Redis adds chords)",
+    ),
     "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),
     "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
     "DTASK_MAX_CHILD_RESULT": ("65536", "bytes of JSON a child function may return"),
@@ -269,24 +272,32 @@ def _typos(environ: Mapping[str, str]) -> list[str]:
 
 
 _source: Callable[[], Mapping[str, Any]] | None = None
+_fixed: frozenset[str] = frozenset()
 
 
-def use_source(source: Callable[[], Mapping[str, Any]] | None) -> None:
+def use_source(source: Callable[[], Mapping[str, Any]] | None, fixed: tuple[str, ...] = ()) -> None:
     """Settings to use where no DTASK_* variable is set, read on each ``load`` (a host Celery
-    app's ``dtask_*`` configuration, installed by ``dtask.init_app``)."""
-    global _source
-    _source = source
+    app's ``dtask_*`` configuration, installed by ``dtask.init_app``). The ``fixed`` ones
+    (its broker and result backend: messages go through them) no variable may change."""
+    global _source, _fixed
+    _source, _fixed = source, frozenset(fixed)
 
 
 def load() -> Settings:
     """The settings from the environment (then the installed source); every problem in one
     ConfigurationError line."""
     problems = _typos(os.environ)
-    given = {
-        name: value
-        for name, value in (_source() if _source is not None else {}).items()
-        if name in Settings.model_fields and not os.environ.get(env_name(name))
-    }
+    given = {}
+    for name, value in (_source() if _source is not None else {}).items():
+        variable = os.environ.get(env_name(name))
+        if name not in Settings.model_fields or (variable and name not in _fixed):
+            continue
+        if variable and variable != value:
+            problems.append(
+                f"{env_name(name)} is set, but this process sends through its Celery app's"
+                f" {name.removesuffix('_url').replace('_', ' ')} ({mask(str(value))}): unset it"
+            )
+        given[name] = value
     try:
         settings = Settings(**given)
     except ValidationError as exc:

@@ -73,6 +73,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     from dtask.db import Limits, engine_for, schema
 
     engine = engine_for(services.database_url(), limits=Limits.of(services.current().settings))
+    schema.refuse_newer(engine, schema.current_revision(engine))
     schema.upgrade(engine)
     print(f"database at revision {schema.current_revision(engine)}")
     return EXIT_OK
@@ -82,8 +83,9 @@ def _cmd_down(args: argparse.Namespace) -> int:
     from dtask.services import embedded
     from dtask.settings import load
 
-    home = load().home
-    if not args.force and embedded.postgres_alive(home):
+    config = load()
+    home = config.home
+    if not args.force and config.embedded_database and _embedded_postgres_alive(home):
         from dtask.client.workers import live_workers
 
         running = sorted(w.name for w in live_workers())
@@ -95,6 +97,16 @@ def _cmd_down(args: argparse.Namespace) -> int:
     stopped = embedded.stop(home)
     print(f"stopped {', '.join(stopped)} in {home}" if stopped else f"nothing running in {home}")
     return EXIT_OK
+
+
+def _embedded_postgres_alive(home: Any) -> bool:
+    from dtask.exceptions import MissingExtra
+    from dtask.services import embedded
+
+    try:
+        return embedded.postgres_alive(home)
+    except MissingExtra:  # without dtask[local] nothing embedded can be running
+        return False
 
 
 def _cmd_workers(args: argparse.Namespace) -> int:
@@ -132,6 +144,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from dtask.exceptions import DtaskError
     from dtask.local.reload import Watch
     from dtask.local.stack import Stack
 
@@ -163,9 +176,13 @@ def _cmd_up(args: argparse.Namespace) -> int:
             changed = watch.changed() if watch is not None else []
             if changed:
                 print(f"dtask up: {', '.join(p.name for p in changed)} changed: reloading...")
-                stack.reload()
                 reported.clear()
-                print("dtask up: reloaded", flush=True)
+                try:
+                    stack.reload()
+                except DtaskError as exc:  # e.g. a syntax error just saved: fix it, save again
+                    print(f"dtask up: reload failed: {exc}; watching for the next change")
+                else:
+                    print("dtask up: reloaded", flush=True)
             for child in stack.unexpected_exits():
                 if child.name not in reported:
                     reported.add(child.name)

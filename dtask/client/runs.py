@@ -207,6 +207,8 @@ def submit(
         start_in=start_in,
     )
     record = store.runs.get(run_id)
+    if record.starts_in > config.stall_timeout:
+        return Run(run_id, created=created)  # the reaper starts it when it is due
     if created or record.state is RunState.PENDING:
         try:
             shown = f"{tpl.name} run {run_id} key {record.key}"

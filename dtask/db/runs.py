@@ -393,8 +393,25 @@ class RunStore(RunReads):
     def finalize(self, run_id: int, wait: bool = True, reduce: Reducer | None = None) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op.
         With ``wait=False`` a run whose lock is held is left as it is. A succeeding run's
-        result is ``reduce(run, children's results)`` (JSON text); a DtaskError from it fails
-        the run with its message, UnknownTemplate leaves the run to a process that knows it."""
+        result is ``reduce(run, children's results)`` (JSON text), computed between two
+        transactions, so no lock is held while that user code runs: the second one writes only
+        if the run is still the same dispatch, finished. A DtaskError from the reduce fails the
+        run with its message; UnknownTemplate leaves the run to a process that knows it."""
+        reduced: tuple[int, str | None, str | None] | None = None  # dispatch, result, error
+        if reduce is not None:
+            with self.db.tx() as conn:
+                run = self._record(conn, run_id)
+                done = run.state is RunState.RUNNING and (
+                    outcome(self._counts(conn, run_id)) is RunState.SUCCEEDED
+                )
+                results = child_results(conn, run_id) if done else []
+            if done:
+                try:
+                    reduced = (run.dispatches, reduce(run, lambda: results), None)
+                except UnknownTemplate:
+                    return run.state
+                except DtaskError as exc:
+                    reduced = (run.dispatches, None, str(exc))
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
@@ -407,12 +424,11 @@ class RunStore(RunReads):
             error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
             result = None
             if final is RunState.SUCCEEDED and reduce is not None:
-                try:
-                    result = reduce(run, lambda: child_results(conn, run_id))
-                except UnknownTemplate:
-                    return run.state
-                except DtaskError as exc:
-                    final, error = RunState.FAILED, str(exc)
+                if reduced is None or reduced[0] != run.dispatches:
+                    return run.state  # reduced for another dispatch (a rerun): not ours
+                _, result, failed = reduced
+                if failed is not None:
+                    final, error = RunState.FAILED, failed
             # a rerun's run is splitting: its own chord finalizes it, not this late callback
             changed = self._set_run_state(conn, run_id, final, error=error, result=result)
             return final if changed else run.state

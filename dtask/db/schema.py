@@ -111,25 +111,31 @@ def upgrade(engine: Engine) -> None:
         command.upgrade(config, "head")  # type: ignore[arg-type]
 
 
+def refuse_newer(engine: Engine, revision: str | None) -> None:
+    """A schema written by a newer dtask: one line, before Alembic's own error."""
+    if revision is not None and revision not in known_revisions():
+        where = engine.url.render_as_string(hide_password=True)
+        raise SchemaMismatch(
+            f"PostgreSQL at {where} has dtask schema {revision}, newer than this dtask knows"
+            f" (up to {HEAD}): upgrade dtask on this machine"
+        )
+
+
 def ensure(engine: Engine, migrate: bool) -> None:
     """The schema at HEAD: migrated if ``migrate``, else a one-line refusal that says what to
     run (a shared database is migrated on purpose, by ``dtask migrate``)."""
     revision = current_revision(engine)
     if revision == HEAD:
         return
+    refuse_newer(engine, revision)
     if migrate:
         upgrade(engine)
         return
     where = engine.url.render_as_string(hide_password=True)
     if revision is None:
         have = "has no dtask schema"
-    elif revision in known_revisions():
-        have = f"has dtask schema {revision}, this dtask needs {HEAD}"
     else:
-        raise SchemaMismatch(
-            f"PostgreSQL at {where} has dtask schema {revision}, newer than this dtask knows"
-            f" (up to {HEAD}): upgrade dtask on this machine"
-        )
+        have = f"has dtask schema {revision}, this dtask needs {HEAD}"
     raise SchemaMismatch(
         f"PostgreSQL at {where} {have}: run `dtask migrate` (or set DTASK_AUTO_MIGRATE=1 to"
         " migrate when a process starts)"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 def module_files(modules: tuple[str, ...]) -> list[Path]:
-    """The .py files of ``modules`` (a package: every .py under it), found without importing
-    them, from the current folder as the workers see it."""
+    """The .py files of ``modules`` (a package: every .py under it), from the current folder
+    as the workers see it. ``find_spec`` imports a dotted name's parent packages here, never
+    the modules themselves."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     files: list[Path] = []

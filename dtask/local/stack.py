@@ -157,12 +157,14 @@ class Stack:
         as on scale-down), so edited template code takes effect; Flower stays."""
         old = [c for c in self.children if c.name != "flower"]
         for child in old:
-            os.killpg(child.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited already
+                os.killpg(child.proc.pid, signal.SIGTERM)
         for child in old:
             try:
                 child.proc.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(child.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
                 child.proc.wait(10)
             self.children.remove(child)
         for child in old:

@@ -31,7 +31,7 @@ def init_app(host: Celery) -> Celery:
     ``app = dtask.init_app(Celery("proj"))`` works too."""
     use_host(host)
     tasks.register(host)
-    settings.use_source(lambda: host_settings(host))
+    settings.use_source(lambda: host_settings(host), fixed=("broker_url", "result_backend"))
     services.reset()
     if host.configured:
         _worker_defaults(host)
@@ -81,7 +81,8 @@ def install_worker_side() -> None:
 
 
 def _before_start(instance: Any = None, conf: Any = None, options: Any = None, **_: Any) -> None:
-    prefetch = (options or {}).get("prefetch_multiplier") or conf.worker_prefetch_multiplier
+    given = (options or {}).get("prefetch_multiplier")
+    prefetch = conf.worker_prefetch_multiplier if given is None else given
     if int(prefetch) != 1:
         print(
             f"dtask: worker_prefetch_multiplier is {prefetch}; dtask's children need 1 (a"

@@ -10,7 +10,9 @@ from dtask.settings import load
 from dtask.worker.config import celery_settings
 
 app = Celery("dtask", set_as_current=False)
-app.conf.update(celery_settings(load()))
+# read when its configuration is first used, not at import: under a host app (dtask.init_app)
+# dtask's own app is never configured, and DTASK_* alone may not be valid there
+app.add_defaults(lambda: celery_settings(load()))
 _host: Celery | None = None
 _configured_for: services.Services | None = None
 

@@ -39,7 +39,7 @@ MAX_SLEEP = 1.0
 # A frozen beat (SIGSTOP, a paused VM) holds its schedules' row locks until PostgreSQL ends its
 # session after this long idle: slots wait up to that long, under the default 10 s grace.
 HOLD_FOR = 3.0
-ENTRIES_LEASE = 5.0
+ENTRIES_LEASE = 15.0  # above a pass that waits out a network timeout (8 s)
 ENTRIES = "beat_schedule"  # the lease's name
 
 
@@ -189,13 +189,14 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
         super().setup_schedule()  # the app's beat_schedule (and Celery's default entries)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        leading = bool(self.schedule) and self._lead()  # renewed before a pass that may block
         try:
             wait = beat_pass()
         except Exception:  # Celery's beat loop would die; the next pass may well succeed
             log.exception("beat: pass failed; trying again in %g s", MAX_SLEEP)
             wait = MAX_SLEEP
         if self.schedule:
-            if self._lead():
+            if leading:
                 wait = min(wait, super().tick(*args, **kwargs))
             else:
                 self._follow()

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from celery.backends.redis import RedisBackend
+
 from dtask.db import Redispatch, RunRecord
 from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
@@ -58,6 +60,19 @@ def send_master(
         ) from None
 
 
+def send_finalize(run_id: int, through: Any = None) -> None:
+    """Ask a worker's pool to finalize the run (the reaper does, for a run whose finalize runs
+    user code: the template's reduce)."""
+    current().send_task(
+        FINALIZE,
+        args=(run_id,),
+        queue=DEFAULT_QUEUE,
+        argsrepr=f"run {run_id}",
+        ignore_result=True,
+        producer=through,
+    )
+
+
 def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> None:
     """Publish the children as the header of a Celery chord whose callback is ``finalize``
     (where the result backend counts chords natively: Redis; with any other backend the
@@ -91,10 +106,10 @@ def _priority(value: int) -> dict[str, int]:
 
 
 def chords() -> bool:
-    """Whether runs' children go out as a chord: only where the backend counts them natively
-    (a database backend would poll with ``chord_unlock`` tasks, and ``DisabledBackend`` not
-    at all)."""
-    return bool(getattr(current().backend, "supports_native_join", False))
+    """Whether runs' children go out as a chord: only with Redis's backend, whose chord
+    counting dtask's hand-crafted messages feed (a database backend would poll with
+    ``chord_unlock`` tasks, ``rpc://`` or a cache would never call back)."""
+    return isinstance(current().backend, RedisBackend)
 
 
 def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any = None) -> int:

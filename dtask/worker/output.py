@@ -32,6 +32,9 @@ class Tail(io.TextIOBase):
     def flush(self) -> None:
         self.through.flush()
 
+    def __getattr__(self, name: str) -> object:  # fileno, encoding, isatty...: the stream's
+        return getattr(self.through, name)
+
     def text(self) -> str | None:
         lines = [*self._lines, *([self._partial] if self._partial else [])]
         return "\n".join(lines[-LINES:]) or None

@@ -17,6 +17,7 @@ pass ends well within the turn's limit (one lease TTL). It:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,13 +30,14 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.db import Store, Waiting
+from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
 from dtask.worker import registry
 from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_master
-from dtask.worker.results import reducer
+from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_finalize, send_master
+from dtask.worker.results import finalize_run, runs_user_code
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -155,8 +157,7 @@ def reap_once() -> Pass:
         for run_id in guard("finding unfinalized runs", None, unfinalized) or []:
             if not budget.left():
                 break
-            # never wait on a run's lock: whoever holds it is finalizing or changing the run
-            finalize = partial(store.runs.finalize, run_id, wait=False, reduce=reducer)
+            finalize = partial(_finalize, store, run_id, sender, config.stall_timeout)
             state = guard("finalize", run_id, finalize)
             if state is not None and state.finished:
                 finalized += 1
@@ -187,6 +188,26 @@ def reap_once() -> Pass:
             lost = partial(_resend, store, config, budget, sender)
             resent = guard("re-sending lost messages", None, lost) or 0
         return Pass(True, finalized, expired, unstuck, resent)
+
+
+_handed: dict[int, float] = {}  # run -> when its finalize was last handed to a pool
+
+
+def _finalize(store: Store, run_id: int, sender: Sender, stall: float) -> RunState | None:
+    """A run whose callback never ran: finalized here, never waiting on its lock (whoever holds
+    it is finalizing or changing the run), or, when that would run user code (its template's
+    reduce), handed to a worker's pool: the reaper's pass runs no user code."""
+    if not runs_user_code(store.runs.get(run_id).template):
+        return finalize_run(store, run_id, wait=False)
+    now = time.monotonic()
+    if now - _handed.get(run_id, -math.inf) < stall:
+        return None
+    for old in [r for r, at in _handed.items() if now - at > 10 * stall]:
+        del _handed[old]
+    _handed[run_id] = now
+    send_finalize(run_id, through=sender.producer)
+    log.warning("reaper: run %s: its callback never ran; a worker finalizes it (reduce)", run_id)
+    return None
 
 
 def _release_expired(store: Store, sender: Sender) -> int:

@@ -18,7 +18,7 @@ from celery.signals import task_revoked
 
 from dtask import services
 from dtask.worker.dispatch import CHILD, MASTER
-from dtask.worker.results import reducer
+from dtask.worker.results import finalize_run
 
 log = logging.getLogger("dtask.worker")
 
@@ -36,7 +36,7 @@ def _on_revoked(
             store = services.store()
             if store.children.revoke(run_id, index, error):
                 log.warning("%s: the child failed", error)
-            store.runs.finalize(run_id, wait=False, reduce=reducer)
+            finalize_run(store, run_id, wait=False)
         elif name == MASTER and args:
             run_id = int(args[0])
             log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)

@@ -52,7 +52,7 @@ from dtask.worker.dispatch import (
 )
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
-from dtask.worker.results import reducer
+from dtask.worker.results import finalize_run, reducer
 
 log = logging.getLogger("dtask.worker")
 
@@ -346,7 +346,8 @@ def _run_claimed(
         _hand_over(store, run_id, index, template, spec)
 
     drain.running(release_and_hand_over)
-    printed = Tail(sys.stdout)
+    # sys.stdout is the process's: only a prefork pool process runs one child at a time
+    printed = Tail(sys.stdout) if runaway.in_pool_process() else None
     try:
         with beat:
             ctx = ChildContext(
@@ -365,7 +366,7 @@ def _run_claimed(
                     beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
                 ),
             )
-            with contextlib.redirect_stdout(printed):
+            with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
                 value = tpl.function(ctx, **claim.spec)
             if beat.lost.is_set():
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
@@ -387,7 +388,7 @@ def _run_claimed(
             failure = ExecutionCapExceeded(cap.message())
             _attempt_failed(
                 task, store, claim, run_id, index, failure, config.retry_delay, reprs,
-                printed.text(),
+                printed.text() if printed else None,
             )  # fmt: skip
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
         # Always, also after a cancel: a rerun may have made the run active again meanwhile,
@@ -400,8 +401,9 @@ def _run_claimed(
     except Exception as exc:
         reprs = readable(template, run_id, index, spec)
         _attempt_failed(
-            task, store, claim, run_id, index, exc, config.retry_delay, reprs, printed.text()
-        )
+            task, store, claim, run_id, index, exc, config.retry_delay, reprs,
+            printed.text() if printed else None,
+        )  # fmt: skip
     finally:
         drain.running(None)
 
@@ -460,7 +462,7 @@ def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
         if not store.children.any_unfinished(run_id):
             state = store.runs.finalize(run_id, reduce=reducer)
             log.info("run %s finalized by its last child: %s", run_id, state.value)
-    except DtaskError as exc:
+    except Exception as exc:  # the child itself succeeded: never fail it for this
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
 
 
@@ -503,5 +505,5 @@ def _attempt_failed(
 
 @_task(FINALIZE, ignore_result=True)
 def finalize(run_id: int) -> None:
-    state = services.store().runs.finalize(run_id, reduce=reducer)
+    state = finalize_run(services.store(), run_id)
     log.info("run %s finalized: %s", run_id, state.value)

@@ -387,6 +387,11 @@ def test_celery_dtask_commands_read_the_apps_settings_and_env_wins(
     wins = celery_dtask("config", DTASK_LEASE_TTL="6")
     lines = {line.split()[0]: line for line in wins.stdout.splitlines()}
     assert lines["DTASK_LEASE_TTL"].split()[1:] == ["6", "(env)"]
+    elsewhere = celery_dtask("config", DTASK_BROKER_URL="redis://elsewhere:6379/0")
+    assert elsewhere.returncode == 2
+    assert "DTASK_BROKER_URL is set, but this process sends through its Celery app's broker" in (
+        elsewhere.stderr
+    )
     migrated = celery_dtask("migrate")
     assert migrated.returncode == 0 and schema.HEAD in migrated.stdout, migrated.stderr
     unknown = celery_dtask("status", "999999999")

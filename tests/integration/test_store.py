@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from dtask import services
 from dtask.db import Claim, Refusal, RunRecord, Store
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState
-from dtask.exceptions import KeyConflict, LeaseLost, RunNotFound
+from dtask.exceptions import InvalidResult, KeyConflict, LeaseLost, RunNotFound
 
 
 @pytest.fixture
@@ -266,3 +268,46 @@ def test_finalize_racing_a_rerun_says_what_it_did_and_the_run_still_ends(store: 
         assert reported[0] in (RunState.CANCELLED, RunState.SPLITTING)  # before or after rerun
         store.runs.dispatch(run_id, lambda run, children: None)
         assert store.runs.finalize(run_id) is RunState.SUCCEEDED
+
+
+def test_a_reduce_runs_with_no_lock_held_and_a_cancel_meanwhile_wins(store: Store) -> None:
+    """User code (the template's reduce) runs between finalize's transactions: the run's lock
+    is free meanwhile, so a cancel goes through, and finalize then leaves the run cancelled."""
+    from dtask.db.database import lock_run
+
+    run_id = new_run(store, children=2)
+    store.runs.dispatch(run_id, lambda run, children: None)
+    for index in (0, 1):
+        store.children.finish(claim(store, run_id, index), None, json.dumps(index + 1))
+    seen: list[object] = []
+
+    def reduce(run: RunRecord, load: Callable[[], list[Any]]) -> str | None:
+        seen.append(load())
+        with store.db.tx() as conn:  # another session takes the run's lock at once
+            seen.append(lock_run(conn, run_id, wait=False))
+        assert store.runs.cancel(run_id) is RunState.CANCELLED
+        return json.dumps(sum(load()))
+
+    assert store.runs.finalize(run_id, reduce=reduce) is RunState.CANCELLED
+    assert seen == [[1, 2], True]
+    assert store.runs.status(run_id).result is None
+
+
+def test_a_reduce_makes_the_result_and_its_error_fails_the_run(store: Store) -> None:
+    def summed(run: RunRecord, load: Callable[[], list[Any]]) -> str | None:
+        return json.dumps(sum(load()))
+
+    def broken(run: RunRecord, load: Callable[[], list[Any]]) -> str | None:
+        raise InvalidResult("reduce of template 't' raised ValueError: no")
+
+    for reduce, state, result, error in (
+        (summed, RunState.SUCCEEDED, 3, None),
+        (broken, RunState.FAILED, None, "reduce of template 't' raised ValueError: no"),
+    ):
+        run_id = new_run(store, children=2)
+        store.runs.dispatch(run_id, lambda run, children: None)
+        for index in (0, 1):
+            store.children.finish(claim(store, run_id, index), None, json.dumps(index + 1))
+        assert store.runs.finalize(run_id, reduce=reduce) is state
+        status = store.runs.status(run_id)
+        assert (status.result, status.error) == (result, error)
