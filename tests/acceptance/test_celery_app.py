@@ -357,7 +357,7 @@ def test_one_beat_for_both_kinds_two_beats_send_the_apps_entries_once(
         wait_for(lambda: SENDING_ADD in second_log.read_text(), 60, "the second beat to take over")
         took = time.monotonic() - killed
         print(f"\nthe second beat sent the app's entries {took:.1f} s after the first was killed")
-        assert took < 15
+        assert took < 30  # the lease (15 s) runs out, then the next pass takes it
         wait_for(lambda: (tmp_path / "add.txt").exists(), 30, "the host's own task ran")
     finally:
         for proc, out in beats:
