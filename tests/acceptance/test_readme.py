@@ -56,9 +56,9 @@ def _run(
         script = f"source {state}\npython - <<'{END}'\n{code}{END}\n"
     log = logs / f"readme-line-{line}.log"
     with log.open("wb") as out:  # a file, not a pipe: `dtask up &` outlives the block
-        result = subprocess.run(
+        result = subprocess.run(  # a session of its own: `dtask up &` is in its group, not ours
             ["bash", "-c", script], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
-            timeout=600,
+            timeout=600, start_new_session=True,
         )  # fmt: skip
     text = log.read_text(errors="replace")
     print(f"\n--- README line {line} ({language}): exit {result.returncode}\n{text[-1500:]}")
@@ -68,10 +68,14 @@ def _run(
 
 def _stop_everything_of(home: Path, env: dict[str, str]) -> None:
     """`dtask up` and what it started for this home, then the embedded services."""
+    ours = os.getpgrp()
     for proc in psutil.process_iter(["pid"]):
         try:
-            if proc.environ().get("DTASK_HOME") == str(home) and "up" in proc.cmdline():
-                os.killpg(os.getpgid(proc.pid), signal.SIGTERM)
+            if proc.environ().get("DTASK_HOME") != str(home) or "up" not in proc.cmdline():
+                continue
+            group = os.getpgid(proc.pid)
+            if group != ours:  # never the test run's own group (make, pytest)
+                os.killpg(group, signal.SIGTERM)
                 proc.wait(60)
         except (psutil.Error, ProcessLookupError):
             continue
