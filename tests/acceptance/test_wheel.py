@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from dtask import services
 from dtask.db import schema
 from dtask.services import embedded
 from tests.conftest import REPO
+from tests.support.db import add_host_history, new_database
 
 pytestmark = pytest.mark.acceptance
 HOST_REVISION = "9f8e7d6c5b4a"
@@ -57,23 +57,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def host_database(dtask_env: dict[str, str]) -> Iterator[str]:
     """A new database holding an application's own table and Alembic history."""
-    admin = create_engine(services.database_url(), isolation_level="AUTOCOMMIT")
-    name = f"host_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = services.database_url().replace("/postgres?", f"/{name}?")
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
-        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": HOST_REVISION})
-        conn.execute(text("CREATE TABLE orders (id serial PRIMARY KEY)"))
-    engine.dispose()
-    try:
+    with new_database("host") as url:
+        add_host_history(url, HOST_REVISION)
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _clean_env(**settings: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,25 +13,16 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from dtask import services
 from dtask.db import schema
 from dtask.db.models import Base
 from tests.conftest import REPO
+from tests.support.db import add_host_history, new_database
 
 
 @pytest.fixture
 def empty_database(dtask_env: dict[str, str]) -> Iterator[str]:
-    admin = create_engine(services.database_url(), isolation_level="AUTOCOMMIT")
-    name = f"migration_{uuid.uuid4().hex[:8]}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = services.database_url().replace("/postgres?", f"/{name}?")
-    try:
+    with new_database("migration") as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def assert_at_head_matching_models(url: str) -> None:
@@ -88,15 +78,6 @@ def _env(database_url: str) -> dict[str, str]:
 HOST_REVISION = "1a2b3c4d5e6f"  # an application's own Alembic head, in the same database
 
 
-def _host_history(url: str) -> None:
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
-        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": HOST_REVISION})
-        conn.execute(text("CREATE TABLE orders (id serial PRIMARY KEY)"))
-    engine.dispose()
-
-
 def _dtask(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     dtask = str(Path(sys.executable).with_name("dtask"))
     return subprocess.run(
@@ -105,7 +86,7 @@ def _dtask(url: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]
 
 
 def test_migrate_beside_an_applications_own_alembic_history(empty_database: str) -> None:
-    _host_history(empty_database)
+    add_host_history(empty_database, HOST_REVISION)
     result = _dtask(empty_database, "migrate")
     assert result.returncode == 0, result.stderr
     assert_at_head_matching_models(empty_database)

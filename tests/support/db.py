@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from dtask import services
 
@@ -57,3 +59,28 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+@contextmanager
+def new_database(prefix: str) -> Iterator[str]:
+    """A new, empty database in the session's PostgreSQL (dropped afterwards): its URL."""
+    admin = create_engine(services.database_url(), isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield services.database_url().replace("/postgres?", f"/{name}?")
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def add_host_history(url: str, revision: str) -> None:
+    """What an application keeps in its database: its own table and Alembic history."""
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": revision})
+        conn.execute(text("CREATE TABLE orders (id serial PRIMARY KEY)"))
+    engine.dispose()
