@@ -42,22 +42,23 @@ def init_app(host: Celery) -> Celery:
 
 
 def host_settings(host: Celery) -> dict[str, Any]:
-    """``dtask_<setting>`` keys of the host's configuration, and its broker and backend."""
+    """``dtask_<setting>`` keys of the host's configuration, and its broker and backend (the
+    ones messages go through, whatever a ``dtask_broker_url`` key says)."""
     conf = host.conf
     values = {
         name: conf[f"dtask_{name}"]
         for name in settings.Settings.model_fields
         if f"dtask_{name}" in conf
     }
-    values.setdefault("broker_url", conf.broker_url or "amqp://guest@localhost//")
-    values.setdefault("result_backend", conf.result_backend or "disabled://")
+    values["broker_url"] = conf.broker_url or "amqp://guest@localhost//"
+    values["result_backend"] = conf.result_backend or "disabled://"
     return values
 
 
 def _worker_defaults(sender: Celery, **_: Any) -> None:
     """A child waits unclaimed in a worker that prefetched it behind a long one, where no
     other worker can take it: dtask needs one message per process. Celery's default (4)
-    becomes 1; a value the host chose is refused when a worker starts."""
+    becomes 1 (so an explicit 4 does too); any other value is refused when a worker starts."""
     if sender.conf.worker_prefetch_multiplier == CELERY_DEFAULT_PREFETCH:
         sender.conf.worker_prefetch_multiplier = 1
 
