@@ -49,6 +49,8 @@ from dtask.exceptions import (
     TemplateDefinitionError,
     TooManyChildren,
     UnknownTemplate,
+    UpstreamFailed,
+    UpstreamNotFound,
     WaitTimeout,
 )
 
@@ -114,11 +116,14 @@ class _Client:
         variables: dict[str, Any],
         *,
         replace: bool,
+        after_schedule: str | None = None,
         **when: Unpack[When],
     ) -> Schedule:
         from dtask.client.schedules import add_schedule
 
-        return add_schedule(name, template, variables, replace=replace, **when)
+        return add_schedule(
+            name, template, variables, replace=replace, after_schedule=after_schedule, **when
+        )
 
     def signature(
         self, template: str, variables: dict[str, Any], *, key: str | None, immutable: bool
@@ -179,6 +184,8 @@ __all__ = [
     "Tier",
     "TooManyChildren",
     "UnknownTemplate",
+    "UpstreamFailed",
+    "UpstreamNotFound",
     "WaitTimeout",
     "add_schedule",
     "get_client",

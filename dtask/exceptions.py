@@ -165,3 +165,11 @@ class LeaseLost(DtaskError):
 
 class ChildFailed(DtaskError):
     """A child task failed for good (no attempts left)."""
+
+
+class UpstreamNotFound(RunNotFound):
+    """A run named in ``after`` (by id or trigger key) does not exist."""
+
+
+class UpstreamFailed(DtaskError):
+    """A rerun of a run whose upstream failed or was cancelled: that upstream comes first."""

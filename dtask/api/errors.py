@@ -20,6 +20,7 @@ STATUS: list[tuple[type[e.DtaskError], int]] = [
     (e.RateLimited, 429),
     (e.ServiceUnavailable, 503),
     (e.UnknownTemplate, 404),
+    (e.UpstreamNotFound, 422),  # a run the body names: the request is at fault, not the path
     (e.RunNotFound, 404),
     (e.ClientNotFound, 404),
     (e.ScheduleNotFound, 404),
@@ -27,6 +28,7 @@ STATUS: list[tuple[type[e.DtaskError], int]] = [
     (e.KeyConflict, 409),
     (e.NothingToRerun, 409),
     (e.NotCancellable, 409),
+    (e.UpstreamFailed, 409),
     (e.ScheduleExists, 409),
     (e.InvalidVariables, 422),
     (e.InvalidSplit, 422),

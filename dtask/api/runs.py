@@ -15,7 +15,7 @@ from dtask.api.waiting import waits
 from dtask.client.runs import get_run, submit
 from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
-from dtask.exceptions import InvalidVariables, RunNotFound
+from dtask.exceptions import RunNotFound, UpstreamNotFound
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 MOST_WAIT = 300.0
@@ -35,7 +35,10 @@ class RunRequest(BaseModel):
     on_late: str | None = None
     execution_cap: float | None = None
     client: str | None = Field(None, description="admin tokens only; default the token's client")
-    after: list[int] | None = Field(None, description="not supported by this server yet")
+    after: list[int] | None = Field(None, description="ids of runs it waits for (to succeed)")
+    after_keys: list[str] | None = Field(
+        None, description="trigger keys of runs it waits for, as `after`"
+    )
     notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
 
 
@@ -51,9 +54,22 @@ def _visible(token: Token, run_id: int) -> RunStatus:
     return status
 
 
+def _upstreams(token: Token, body: RunRequest) -> list[int | str]:
+    """The runs named in ``after`` and ``after_keys``; another client's run is answered as one
+    that does not exist."""
+    after: list[int | str] = [*(body.after or []), *(body.after_keys or [])]
+    if after and not token.admin:
+        store = services.store()
+        ids = store.runs.ids_by_key(body.after_keys) if body.after_keys else {}
+        for run_id in [*(body.after or []), *ids.values()]:
+            try:
+                _visible(token, run_id)
+            except RunNotFound:
+                raise UpstreamNotFound(f"after: no run with id {run_id}") from None
+    return after
+
+
 def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
-    if body.after:
-        raise InvalidVariables("after: not supported yet", {"after": "not supported yet"})
     client = body.client or token.client
     if not token.sees(client):
         raise Refused(f"this token submits only as client {token.client!r}", 403)
@@ -61,7 +77,7 @@ def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
         body.template, body.variables, body.key,
         execution_cap=body.execution_cap, client=client, priority=body.priority,
         delay_tolerance=body.delay_tolerance, on_late=body.on_late, tier=body.tier,
-        notify_url=body.notify_url,
+        notify_url=body.notify_url, after=_upstreams(token, body) or None,
     )  # fmt: skip
     status = _visible(token, run.id)  # a known key of another client's run: not found
     return status, run.created

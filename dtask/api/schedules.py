@@ -37,6 +37,7 @@ class ScheduleBody(BaseModel):
     end: datetime | None = None
     delay_tolerance: float | None = None
     on_late: str | None = None
+    after_schedule: str | None = Field(None, description="its slots wait for this schedule's")
 
 
 def shown(schedule: Schedule) -> dict[str, Any]:
@@ -68,6 +69,7 @@ def _put(name: str, body: ScheduleBody) -> tuple[dict[str, Any], bool]:
         overlap=body.overlap, grace=body.grace, catch_up_window=body.catch_up_window,
         start=_aware(body.start, body.tz), end=_aware(body.end, body.tz),
         delay_tolerance=body.delay_tolerance, on_late=body.on_late,
+        after_schedule=body.after_schedule,
     )  # fmt: skip
     return shown(saved), not existed
 

@@ -47,6 +47,21 @@ def register(sub: Any) -> None:
     submit.add_argument(
         "--notify-url", metavar="URL", help="POSTed the run's JSON when it finishes (signed)"
     )
+    submit.add_argument(
+        "--after",
+        type=int,
+        action="append",
+        default=[],
+        metavar="RUN_ID",
+        help="wait for this run to succeed first (repeatable); fail if it fails",
+    )
+    submit.add_argument(
+        "--after-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="wait for the run this trigger key started (repeatable)",
+    )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
@@ -118,6 +133,9 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
         f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
         f" {c.running} running, {c.pending} pending"
     )
+    if status.after:
+        waiting = f" (waiting for {_runs(status.waiting_for)})" if status.waiting_for else ""
+        print(f"  after      {_runs(status.after)}{waiting}")
     if status.schedule:
         slot = iso(status.slot) if status.slot else "?"
         print(f"  schedule   {status.schedule}, slot {slot}")
@@ -129,6 +147,12 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     if status.result is not None:
         shown = json.dumps(status.result)
         print(f"  result     {shown if len(shown) <= 200 else shown[:197] + '...'}")
+
+
+def _runs(ids: tuple[int, ...], shown: int = 10) -> str:
+    listed = ", ".join(map(str, ids[:shown]))
+    more = f" and {len(ids) - shown:,} more" if len(ids) > shown else ""
+    return f"run{'s' if len(ids) > 1 else ''} {listed}{more}"
 
 
 def _outcome(status: RunStatus) -> int:
@@ -166,10 +190,16 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         on_late=args.on_late,
         tier=args.tier,
         notify_url=args.notify_url,
+        after=[*args.after, *args.after_key] or None,
     )
     try:
         if not args.json:
             verb = "submitted" if run.created else "already exists for this key"
+            status = run.status()
+            if status.waiting_for:
+                verb += f", waiting for {_runs(status.waiting_for)}"
+            elif status.state is RunState.FAILED:
+                verb += f", failed: {status.error}"
             print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
         _warn_if_nobody_consumes(run.id)
         if args.wait:

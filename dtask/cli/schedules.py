@@ -44,6 +44,11 @@ def register(sub: Any) -> None:
         "--on-late", choices=["run", "fail"], help="a late run still runs or fails (default:"
         " the template's)",
     )  # fmt: skip
+    add.add_argument(
+        "--after-schedule",
+        metavar="NAME",
+        help="each slot's run waits for NAME's run of the same (or latest earlier) slot",
+    )
     add.add_argument("--replace", action="store_true", help="update a schedule of that name")
     add.add_argument("--json", action="store_true")
     ops.add_parser("list", help="list the schedules").add_argument("--json", action="store_true")
@@ -88,6 +93,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             ),
             on_late=args.on_late,
             replace=args.replace,
+            after_schedule=args.after_schedule,
         )
     elif args.op == "list":
         schedules = scheduling.list_schedules()
@@ -154,6 +160,8 @@ def _print_schedule(schedule: Any, as_json: bool) -> None:
         misfire += f"; catch up at most {timing.catch_up_window:g} s back"
     print(f"  misfire    {misfire})")
     print(f"  overlap    {timing.overlap.value}")
+    if schedule.after_schedule:
+        print(f"  after      schedule {schedule.after_schedule} (its run of the same slot)")
     for label, key in (("start", "start"), ("end", "end"), ("buffered", "buffered")):
         if row[key]:
             print(f"  {label:<10} {row[key]}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from dtask import services
+from dtask.db import Store
 from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
 from dtask.domain.deadlines import (
     OnLate,
@@ -18,8 +19,9 @@ from dtask.domain.deadlines import (
     check_start,
     on_late_of,
 )
+from dtask.domain.deps import check_after
 from dtask.domain.notify import check_url
-from dtask.domain.runs import RunState, RunStatus
+from dtask.domain.runs import RunHandle, RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
@@ -148,6 +150,7 @@ def submit(
     countdown: float | None = None,
     eta: datetime | None = None,
     queue: str | None = None,
+    after: Iterable[int | str | RunHandle] | None = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
 
@@ -160,7 +163,9 @@ def submit(
     of the run's JSON when it finishes, signed with the client's secret (docs/api.md).
     ``countdown`` (seconds) or ``eta`` (a datetime; naive means UTC) hold its start back, as
     Celery's ``apply_async`` does; ``queue`` sends its children to another queue than the
-    template's.
+    template's. ``after`` names runs (ids, ``Run`` handles, or trigger keys as strings)
+    it waits for: it is ``waiting`` until they all succeed, and fails if one fails or is
+    cancelled (UpstreamNotFound for a run that does not exist; see docs/dependencies.md).
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -189,6 +194,7 @@ def submit(
     checked = tpl.validate(variables)
     _, children = tpl.count(checked, config.max_children)
     store = services.store()
+    upstreams = _upstreams(store, after, where)
     run_id, created = store.runs.create(
         template=tpl.name,
         key=key or f"adhoc:{uuid.uuid4()}",
@@ -205,11 +211,12 @@ def submit(
         notify_url=notify_url,
         start_at=start_at,
         start_in=start_in,
+        after=upstreams,
     )
     record = store.runs.get(run_id)
     if record.starts_in > config.stall_timeout:
         return Run(run_id, created=created)  # the reaper starts it when it is due
-    if created or record.state is RunState.PENDING:
+    if record.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
             shown = f"{tpl.name} run {run_id} key {record.key}"
             send_master(run_id, countdown=record.starts_in, shown=shown)
@@ -219,6 +226,21 @@ def submit(
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
             raise
     return Run(run_id, created=created)
+
+
+def _upstreams(
+    store: Store, after: Iterable[int | str | RunHandle] | None, where: str
+) -> tuple[int, ...]:
+    if after is None:
+        return ()
+    if isinstance(after, str | int) or hasattr(after, "id"):
+        after = [after]  # type: ignore[list-item]
+    named = list(after)
+    keys = [a for a in named if isinstance(a, str)]
+    ids = store.runs.ids_by_key(keys) if keys else {}
+    return check_after(
+        [ids[a] if isinstance(a, str) else getattr(a, "id", a) for a in named], where
+    )
 
 
 def get_run(run_id: int) -> Run:

@@ -24,18 +24,22 @@ def add_schedule(
     variables: dict[str, Any],
     *,
     replace: bool = False,
+    after_schedule: str | None = None,
     **when: Unpack[When],
 ) -> Schedule:
     """Save a schedule whose first slot comes after now: exactly one of ``cron`` (5 fields, or
     6 with seconds first) or ``every`` (seconds); ``tz`` (IANA, default UTC), ``misfire``
     (skip, run_once, catch_up), ``overlap`` (allow, skip, buffer_one), ``grace`` (default 10 s),
     ``catch_up_window`` (default a day), ``start``/``end`` (aware datetimes). Saving the same
-    definition again is a no-op; a different one raises ScheduleExists unless ``replace``."""
+    definition again is a no-op; a different one raises ScheduleExists unless ``replace``.
+    With ``after_schedule``, each slot's run waits for that schedule's run of the latest slot
+    at or before its own (see docs/dependencies.md)."""
     tpl = registry.get(template)
     checked = tpl.validate(variables)
     tpl.precheck(checked, services.current().settings.max_children)
     timing = make_timing(now=datetime.now(UTC), **when)
-    saved, _ = _store().save(Schedule(name, tpl.name, checked, timing), replace=replace)
+    schedule = Schedule(name, tpl.name, checked, timing, after_schedule=after_schedule)
+    saved, _ = _store().save(schedule, replace=replace)
     return saved
 
 

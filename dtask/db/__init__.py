@@ -4,7 +4,8 @@ from dtask.db.children import ChildView, Claim, Refusal
 from dtask.db.database import Database
 from dtask.db.engine import Limits, engine_for
 from dtask.db.recovery import Redispatch, Waiting
-from dtask.db.runs import NewRun, RunRecord
+from dtask.db.run_inserts import NewRun
+from dtask.db.runs import RunRecord
 from dtask.db.store import Store
 
 __all__ = [

@@ -114,6 +114,8 @@ class RunRow(Base):
         CheckConstraint(_one_of(RunState), name="state"),
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
+        Index("ix_dtask_runs_id_waiting", "id", postgresql_where=text("state = 'waiting'")),
+        Index(None, "schedule", "slot", postgresql_where=text("schedule IS NOT NULL")),
         Index(None, "client", "created_at"),
         Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
@@ -194,6 +196,8 @@ class ScheduleRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     delay_tolerance: Mapped[float | None] = mapped_column(Float)  # NULL: the template's
     on_late: Mapped[str | None] = mapped_column(String(8))  # NULL: the template's
+    # each slot's run waits for this schedule's run of the latest slot at or before it
+    after_schedule: Mapped[str | None] = mapped_column(String(100))
     misfired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     misfire_note: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -204,6 +208,19 @@ class ScheduleRow(Base):
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
         CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
+    )
+
+
+class RunDepRow(Base):
+    """A run waits for its upstream (``dtask_run_deps``)."""
+
+    __tablename__ = "dtask_run_deps"
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("dtask_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    upstream_id: Mapped[int] = mapped_column(
+        ForeignKey("dtask_runs.id", ondelete="CASCADE"), primary_key=True, index=True
     )
 
 

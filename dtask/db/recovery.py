@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from dtask.db import counters
+from dtask.db import counters, deps
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
 from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
@@ -184,6 +184,12 @@ class RecoveryStore:
             ).all()
         return [int(r.id) for r in rows]
 
+    def settle_waiting(self, limit: int = 100) -> list[int]:
+        """Waiting runs whose upstreams all finished but that were never settled: released
+        (returned, their masters to send) or failed."""
+        with self.db.tx() as conn:
+            return deps.settle_orphans(conn, limit)
+
     def take_late(self, limit: int = 1000) -> list[LateRun]:
         """Decide the runs whose deadline has passed: on time if a child started by it, late
         otherwise; a late run with ``on_late = 'fail'`` is failed (its children never start).
@@ -195,7 +201,7 @@ class RecoveryStore:
                     "   SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
                     "   AND c.started_at <= r.deadline) AS on_time"
                     " FROM dtask_runs r WHERE r.late IS NULL AND r.deadline < now()"
-                    " AND r.state IN ('pending', 'splitting', 'running')"
+                    " AND r.state IN ('waiting', 'pending', 'splitting', 'running')"
                     " ORDER BY r.deadline LIMIT :limit FOR UPDATE SKIP LOCKED"
                 ),
                 {"limit": limit},
@@ -218,14 +224,16 @@ class RecoveryStore:
                 if r.on_late == OnLate.FAIL.value
             }
             for run_id, error in failed.items():
-                conn.execute(
+                changed = conn.execute(
                     sql(
                         "UPDATE dtask_runs SET state = 'failed', error = :error,"
-                        " finished_at = now(), updated_at = now()"
-                        " WHERE id = :id AND state IN ('pending', 'splitting', 'running')"
+                        " finished_at = now(), updated_at = now() WHERE id = :id"
+                        " AND state IN ('waiting', 'pending', 'splitting', 'running')"
                     ),
                     {"id": run_id, "error": error},
                 )
+                if changed.rowcount:
+                    deps.fail_downstream(conn, run_id, RunState.FAILED)
         return [LateRun(r.id, r.deadline, r.delay_tolerance, r.id in failed) for r in late]
 
 

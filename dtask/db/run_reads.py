@@ -4,14 +4,17 @@ which runs have finished. :class:`RunStore` adds the writes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Row
 
+from dtask.db import deps
 from dtask.db.database import Database, sql
 from dtask.domain.clients import Tier
+from dtask.domain.deps import Node
 from dtask.domain.runs import ChildCounts, RunState, RunStatus
-from dtask.exceptions import RunNotFound
+from dtask.exceptions import RunNotFound, UpstreamNotFound
 
 _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
@@ -19,6 +22,28 @@ _RUN_COLUMNS = (
     " start_after, result,"
     " notify_error, notified_at"
 )
+
+
+@dataclass(frozen=True)
+class Graph:
+    root: int
+    nodes: dict[int, Node]
+    upstream: dict[int, list[int]]  # run -> the runs it waits for
+    downstream: dict[int, list[int]]  # run -> the runs that wait for it
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run": self.root,
+            "runs": [
+                {"id": n.id, "template": n.template, "state": n.state.value}
+                for n in self.nodes.values()
+            ],
+            # [run, upstream]: the first waits for the second
+            "edges": sorted(
+                {(a, b) for a, bs in self.upstream.items() for b in bs}
+                | {(b, a) for a, bs in self.downstream.items() for b in bs}
+            ),
+        }
 
 
 def child_results(conn: Connection, run_id: int) -> list[Any]:
@@ -50,7 +75,37 @@ class RunReads:
             ).first()
             if row is None:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
-            return _status(row, self._counts(conn, run_id))
+            upstreams = deps.waiting_for(conn, [run_id]).get(run_id, ([], []))
+            return _status(row, self._counts(conn, run_id), upstreams)
+
+    def graph(self, run_id: int) -> Graph:
+        """The run, what it waits for (transitively) and what waits for it."""
+        with self.db.tx() as conn:
+            up = deps.edges(conn, run_id, upstream=True)
+            down = deps.edges(conn, run_id, upstream=False)
+            ids = {run_id} | {i for e in (up, down) for a, bs in e.items() for i in (a, *bs)}
+            nodes = deps.nodes(conn, sorted(ids))
+        if run_id not in nodes:
+            raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
+        return Graph(run_id, nodes, up, down)
+
+    def ids_by_key(self, keys: Sequence[str]) -> dict[str, int]:
+        """The runs those trigger keys triggered (UpstreamNotFound names a key that none did)."""
+        with self.db.tx() as conn:
+            found = {
+                r.trigger_key: int(r.id)
+                for r in conn.execute(
+                    sql("SELECT id, trigger_key FROM dtask_runs WHERE trigger_key = ANY(:keys)"),
+                    {"keys": list(keys)},
+                )
+            }
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise UpstreamNotFound(
+                f"after: no run with the key {missing[0]!r}; a run can only wait for runs"
+                " that exist (see `dtask runs`)"
+            )
+        return found
 
     def finished_among(self, run_ids: Sequence[int]) -> set[int]:
         """Which of ``run_ids`` have finished (what every long poll of a server waits on, in
@@ -100,10 +155,16 @@ class RunReads:
                 {"ids": list(counts)},
             ):
                 counts[c.run_id][c.state] = c.n
-        return [_status(r, ChildCounts.from_states(counts[r.id])) for r in rows]
+            upstreams = deps.waiting_for(conn, list(counts))
+        return [
+            _status(r, ChildCounts.from_states(counts[r.id]), upstreams.get(r.id, ([], [])))
+            for r in rows
+        ]
 
 
-def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
+def _status(
+    row: Row[Any], counts: ChildCounts, upstreams: tuple[list[int], list[int]]
+) -> RunStatus:
     return RunStatus(
         id=row.id,
         template=row.template,
@@ -123,6 +184,8 @@ def _status(row: Row[Any], counts: ChildCounts) -> RunStatus:
         result=row.result,
         late=row.late,
         tier=Tier(row.tier),
+        after=tuple(upstreams[0]),
+        waiting_for=tuple(upstreams[1]),
         notify=None
         if row.notify_url is None
         else {

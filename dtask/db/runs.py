@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from datetime import datetime
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row
+from sqlalchemy import Connection
 
-from dtask.db import counters
-from dtask.db.clients import check_rates, lock_client
-from dtask.db.database import Database, lock_run, sql
-from dtask.db.run_reads import RunReads, child_results
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
-from dtask.domain.deadlines import OnLate
+from dtask.db import deps
+from dtask.db.database import lock_run, sql
+from dtask.db.run_inserts import RunInserts
+from dtask.db.run_reads import child_results
+from dtask.domain.clients import Tier
+from dtask.domain.deps import blocking, start_state
 from dtask.domain.runs import RunState, outcome, sources
-from dtask.domain.tiers import tier_queue
-from dtask.exceptions import DtaskError, KeyConflict, RateLimited, RunNotFound, UnknownTemplate
+from dtask.exceptions import (
+    DtaskError,
+    RunNotFound,
+    UnknownTemplate,
+    UpstreamFailed,
+)
 
 
 @dataclass(frozen=True)
@@ -44,139 +47,9 @@ class RunRecord:
 Reducer = Callable[[RunRecord, Callable[[], list[Any]]], str | None]
 
 
-@dataclass(frozen=True)
-class NewRun:
-    template: str
-    key: str
-    variables: dict[str, Any]
-    max_attempts: int
-    queue: str | None
-    schedule: str | None = None
-    slot: datetime | None = None
-    execution_cap: float | None = None  # overrides the template's
-    client: str = DEFAULT_CLIENT
-    priority: int = DEFAULT_PRIORITY
-    expected_children: int | None = None
-    delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
-    on_late: OnLate = OnLate.RUN
-    tier: Tier = Tier.BASIC  # ``queue`` is already the tier's queue
-    notify_url: str | None = None  # POSTed the run's JSON when it finishes
-    start_at: datetime | None = None  # not split before this (eta)...
-    start_in: float | None = None  # ...or this many seconds from now (countdown)
-
-
-_START = (
-    "coalesce(CAST(:start_at AS timestamptz),"
-    " clock_timestamp() + make_interval(secs => CAST(:start_in AS double precision)))"
-)
-
-
-def insert_run(conn: Connection, run: NewRun) -> int | None:
-    """Insert a pending run unless its trigger key exists (exactly once per key): its id, or
-    None when the key was taken."""
-    row = conn.execute(
-        sql(
-            "INSERT INTO dtask_runs"
-            " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
-            " execution_cap, client, priority, expected_children, created_at,"
-            " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after)"
-            " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
-            " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
-            " clock_timestamp(), :delay_tolerance, :on_late,"
-            " coalesce(:slot, " + _START + ", clock_timestamp())"
-            " + make_interval(secs => :delay_tolerance),"
-            " :tier, CAST(:notify_url AS text),"
-            " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
-            " " + _START + ")"
-            " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
-        ),
-        {
-            **asdict(run),
-            "variables": json.dumps(run.variables),
-            "on_late": run.on_late.value,
-            "tier": run.tier.value,
-        },
-    ).first()
-    return None if row is None else int(row.id)
-
-
-class RunStore(RunReads):
-    """The writes; the reads (status, lists) are in :class:`RunReads`."""
-
-    def __init__(self, db: Database) -> None:
-        super().__init__(db)
-        self.counters = counters.CounterStore(db)
-
-    def create(
-        self,
-        template: str,
-        key: str,
-        variables: dict[str, Any],
-        max_attempts: int,
-        queue: str | None,
-        execution_cap: float | None = None,
-        *,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        expected_children: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate = OnLate.RUN,
-        tier: Tier | None = None,
-        notify_url: str | None = None,
-        start_at: datetime | None = None,
-        start_in: float | None = None,
-    ) -> tuple[int, bool]:
-        """Insert a run for ``key`` unless one exists. Returns (run id, created).
-
-        A new run is charged to ``client`` (RateLimited when its rate limits refuse it); a
-        known key returns its run and costs nothing. Its children go to the queue of the
-        tier it gets (``tier``, capped by the client's)."""
-        try:
-            with self.db.tx() as conn:
-                existing = self._by_key(conn, key)
-                if existing is None:
-                    charged = lock_client(conn, client)
-                    # a submit of the same key may have committed while this one waited
-                    existing = self._by_key(conn, key)
-                if existing is None:
-                    check_rates(conn, charged, expected_children)
-                    granted = charged.tier_for(tier)
-                    new = NewRun(
-                        template, key, variables, max_attempts, tier_queue(queue, granted),
-                        execution_cap=execution_cap, client=charged.name,
-                        priority=charged.priority_for(priority),
-                        expected_children=expected_children,
-                        delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
-                        notify_url=notify_url, start_at=start_at, start_in=start_in,
-                    )  # fmt: skip
-                    created = insert_run(conn, new)
-                    if created is not None:
-                        return created, True
-                    existing = self._by_key(conn, key)
-                assert existing is not None
-        except RateLimited:  # counted once its transaction is rolled back
-            self.counters.add(counters.RATE_LIMITED, label=client)
-            raise
-        if existing.template != template or existing.variables != variables:
-            raise KeyConflict(
-                f"key {key!r} already triggered run {existing.id} of {existing.template!r}"
-                f" with {existing.variables}; use another key for other variables"
-            )
-        return int(existing.id), False
-
-    @staticmethod
-    def _by_key(conn: Connection, key: str) -> Row[Any] | None:
-        return conn.execute(
-            sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
-            {"key": key},
-        ).first()
-
-    def forget_unsent(self, run_id: int) -> None:
-        """Undo create_run when its master message could not be sent (no half-created run)."""
-        with self.db.tx() as conn:
-            conn.execute(
-                sql("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
-            )
+class RunStore(RunInserts):
+    """The writes; creating runs is in :class:`RunInserts`, the reads (status, lists) in
+    :class:`RunReads`."""
 
     def get(self, run_id: int) -> RunRecord:
         with self.db.tx() as conn:
@@ -358,17 +231,26 @@ class RunStore(RunReads):
             return RunState.CANCELLED
 
     def rerun(self, run_id: int) -> RunState:
-        """failed|cancelled -> pending (never split) or splitting (a new chord of the children
-        that did not succeed, failed ones with fresh attempts, each from its checkpoint).
-        Other states are returned unchanged: a rerun is idempotent."""
+        """failed|cancelled -> pending or waiting (never split: waiting while an upstream runs
+        again; UpstreamFailed while one is still failed) or splitting (a new chord of the
+        children that did not succeed, failed ones with fresh attempts, each from its
+        checkpoint). Other states are returned unchanged: a rerun is idempotent."""
         with self.db.tx() as conn:
             lock_run(conn, run_id)
             run = self._record(conn, run_id)
             if run.state not in (RunState.FAILED, RunState.CANCELLED):
                 return run.state
             if run.child_total is None:
-                self._set_run_state(conn, run_id, RunState.PENDING)
-                return RunState.PENDING
+                upstreams = deps.lock_upstreams(conn, deps.upstreams_of(conn, run_id))
+                state, error = start_state(upstreams)
+                upstream = blocking(upstreams)
+                if upstream is not None:
+                    raise UpstreamFailed(
+                        f"run {run_id} cannot run: {error}; rerun that one first"
+                        f" (dtask rerun {upstream}), then this one"
+                    )
+                self._set_run_state(conn, run_id, state)
+                return state
             conn.execute(
                 sql(
                     "UPDATE dtask_children SET state = 'pending', attempt = 0, error = NULL,"
@@ -390,9 +272,17 @@ class RunStore(RunReads):
             )
             return RunState.SPLITTING
 
-    def finalize(self, run_id: int, wait: bool = True, reduce: Reducer | None = None) -> RunState:
+    def finalize(
+        self,
+        run_id: int,
+        wait: bool = True,
+        reduce: Reducer | None = None,
+        released: list[int] | None = None,
+    ) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op.
-        With ``wait=False`` a run whose lock is held is left as it is. A succeeding run's
+        The dependents a success releases are added to ``released``: their masters are the
+        caller's to send. With ``wait=False`` a run whose lock is held is left as it is. A
+        succeeding run's
         result is ``reduce(run, children's results)`` (JSON text), computed between two
         transactions, so no lock is held while that user code runs: the second one writes only
         if the run is still the same dispatch, finished. A DtaskError from the reduce fails the
@@ -430,8 +320,12 @@ class RunStore(RunReads):
                 if failed is not None:
                     final, error = RunState.FAILED, failed
             # a rerun's run is splitting: its own chord finalizes it, not this late callback
-            changed = self._set_run_state(conn, run_id, final, error=error, result=result)
-            return final if changed else run.state
+            settled = self._set_run_state(conn, run_id, final, error=error, result=result)
+            if settled is None:
+                return run.state
+            if released is not None:
+                released.extend(settled)
+            return final
 
     @staticmethod
     def _set_run_state(
@@ -440,7 +334,9 @@ class RunStore(RunReads):
         state: RunState,
         error: str | None = None,
         result: str | None = None,
-    ) -> bool:
+    ) -> list[int] | None:
+        """None if the run could not move to ``state``; else the dependents that released
+        (see :func:`deps.settle`)."""
         finished = "now()" if state.finished else "NULL"
         changed = conn.execute(
             sql(
@@ -456,7 +352,9 @@ class RunStore(RunReads):
                 "sources": sources(state),
             },
         )
-        return changed.rowcount == 1
+        if changed.rowcount != 1:
+            return None
+        return deps.settle(conn, run_id, state) if state.finished else []
 
     @staticmethod
     def _failure_summary(conn: Connection, run_id: int) -> str:

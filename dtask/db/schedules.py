@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -15,16 +15,17 @@ from sqlalchemy import Connection, Row, text
 
 from dtask.db import counters
 from dtask.db.database import Database
-from dtask.db.runs import NewRun, insert_run
+from dtask.db.run_inserts import NewRun, insert_run
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate
-from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing
-from dtask.exceptions import DtaskError, ScheduleExists, ScheduleNotFound
+from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing, iso
+from dtask.exceptions import DtaskError, InvalidSchedule, ScheduleExists, ScheduleNotFound
 
 _COLUMNS = (
     "s.name, s.template, s.variables, s.cron, s.every_seconds, s.timezone, s.enabled, s.misfire,"
     " s.overlap, s.misfire_grace, s.catch_up_window, s.start_at, s.end_at, s.decided_until,"
-    " s.buffered_slot, s.last_run_id, s.last_error, s.delay_tolerance, s.on_late"
+    " s.buffered_slot, s.last_run_id, s.last_error, s.delay_tolerance, s.on_late,"
+    " s.after_schedule"
 )
 
 
@@ -46,6 +47,7 @@ class Fired:
     """Runs a beat pass created (their masters are to be woken after commit)."""
 
     created: list[tuple[int, NewRun]] = field(default_factory=list)
+    held: list[tuple[int, NewRun]] = field(default_factory=list)  # waiting or failed at once
     existing: list[tuple[int, NewRun]] = field(default_factory=list)
 
 
@@ -62,13 +64,17 @@ class ScheduleStore:
         place (keeping what was decided); otherwise ScheduleExists."""
         values = _definition(schedule)
         with self.db.tx() as conn:
+            if schedule.after_schedule is not None:
+                _check_upstream(conn, schedule.name, schedule.after_schedule)
             created = conn.execute(
                 text(
                     "INSERT INTO dtask_schedules (name, template, variables, cron, every_seconds,"
                     " timezone, misfire, overlap, misfire_grace, catch_up_window, start_at,"
-                    " end_at, delay_tolerance, on_late, decided_until) VALUES (:name, :template,"
+                    " end_at, delay_tolerance, on_late, after_schedule, decided_until)"
+                    " VALUES (:name, :template,"
                     " CAST(:variables AS jsonb), :cron, :every, :tz, :misfire, :overlap, :grace,"
-                    " :catch_up_window, :start, :end, :delay_tolerance, :on_late, now())"
+                    " :catch_up_window, :start, :end, :delay_tolerance, :on_late,"
+                    " :after_schedule, now())"
                     " ON CONFLICT (name) DO NOTHING RETURNING name"
                 ),
                 values,
@@ -92,6 +98,7 @@ class ScheduleStore:
                     " catch_up_window = :catch_up_window,"
                     " start_at = :start, end_at = :end, last_error = NULL,"
                     " delay_tolerance = :delay_tolerance, on_late = :on_late,"
+                    " after_schedule = CAST(:after_schedule AS varchar),"
                     " buffered_slot = CASE WHEN cron IS DISTINCT FROM CAST(:cron AS varchar)"
                     "   OR every_seconds IS DISTINCT FROM CAST(:every AS integer)"
                     "   OR timezone <> CAST(:tz AS varchar) THEN NULL ELSE buffered_slot END,"
@@ -167,18 +174,28 @@ class ScheduleStore:
                     error = f"cannot be read by this beat: {exc}"
                     firing = Firing([], row.decided_until, row.buffered_slot, error)
                 else:
-                    firing = decide(schedule, now, bool(row.previous_running))
-                self._record(conn, row.name, firing, fired)
+                    at = _decided_upstream(conn, schedule.after_schedule, now)
+                    firing = decide(schedule, at, bool(row.previous_running))
+                self._record(conn, row.name, firing, fired, row.after_schedule)
         return fired
 
     @staticmethod
-    def _record(conn: Connection, name: str, firing: Firing, fired: Fired) -> None:
+    def _record(
+        conn: Connection, name: str, firing: Firing, fired: Fired, after_schedule: str | None
+    ) -> None:
         if not (firing.changed or firing.runs):
             return
         last_run = None
-        for run in firing.runs:
+        for planned in firing.runs:
+            run = _after_upstream_slot(conn, planned, after_schedule)
             run_id = insert_run(conn, run)
-            if run_id is not None:
+            if run_id is not None and (run.after or run.unmet):
+                state = conn.execute(
+                    text("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
+                ).scalar_one()
+                held = state != "pending"  # waiting for its upstream, or failed by it
+                (fired.held if held else fired.created).append((run_id, run))
+            elif run_id is not None:
                 fired.created.append((run_id, run))
             else:
                 run_id = conn.execute(
@@ -224,6 +241,64 @@ class ScheduleStore:
         return _schedule(row)
 
 
+def _check_upstream(conn: Connection, name: str, upstream: str) -> None:
+    """The schedule to run after exists and does not (through others) run after this one."""
+    chain = [
+        r.name
+        for r in conn.execute(
+            text(
+                "WITH RECURSIVE chain(name, depth) AS (SELECT CAST(:up AS varchar), 0"
+                " UNION SELECT s.after_schedule, c.depth + 1 FROM dtask_schedules s"
+                " JOIN chain c ON s.name = c.name"
+                " WHERE s.after_schedule IS NOT NULL AND c.depth < 100)"
+                " SELECT c.name, s.name IS NOT NULL AS found FROM chain c"
+                " LEFT JOIN dtask_schedules s ON s.name = c.name ORDER BY c.depth"
+            ),
+            {"up": upstream},
+        )
+        if r.found
+    ]
+    if not chain:
+        raise InvalidSchedule(
+            f"--after-schedule {upstream!r}: no such schedule (see `dtask schedule list`)"
+        )
+    if name in chain:
+        raise InvalidSchedule(
+            f"schedule {name!r} cannot run after {upstream!r}: {upstream!r} already runs after"
+            f" {name!r} (through {' -> '.join(chain[: chain.index(name) + 1])})"
+        )
+
+
+def _decided_upstream(conn: Connection, upstream: str | None, now: datetime) -> datetime:
+    """How far a schedule that runs after ``upstream`` may be decided: as far as the upstream
+    is (so the upstream's slot run exists or was skipped), or ``now`` if it is gone or paused."""
+    if upstream is None:
+        return now
+    row = conn.execute(
+        text("SELECT decided_until, enabled FROM dtask_schedules WHERE name = :name"),
+        {"name": upstream},
+    ).first()
+    return min(now, row.decided_until) if row is not None and row.enabled else now
+
+
+def _after_upstream_slot(conn: Connection, run: NewRun, upstream: str | None) -> NewRun:
+    """The slot's run waits for ``upstream``'s run of the latest slot at or before its own;
+    it fails at once if that schedule has no run at or before it."""
+    if upstream is None or run.slot is None:
+        return run
+    found = conn.execute(
+        text(
+            "SELECT id FROM dtask_runs WHERE schedule = :up AND slot <= :slot"
+            " ORDER BY slot DESC, id DESC LIMIT 1"
+        ),
+        {"up": upstream, "slot": run.slot},
+    ).first()
+    if found is None:
+        unmet = f"schedule {upstream!r} has no run at or before slot {iso(run.slot)} to wait for"
+        return replace(run, unmet=unmet)
+    return replace(run, after=(int(found.id),))
+
+
 def _not_found(name: str) -> ScheduleNotFound:
     return ScheduleNotFound(f"no schedule named {name!r} (see `dtask schedule list`)")
 
@@ -234,6 +309,7 @@ def _definition(schedule: Schedule) -> dict[str, Any]:
         "template": schedule.template,
         "variables": json.dumps(schedule.variables),
         **schedule.timing.when(),
+        "after_schedule": schedule.after_schedule,
     }
 
 
@@ -259,4 +335,5 @@ def _schedule(row: Row[Any]) -> Schedule:
         buffered=row.buffered_slot,
         last_run_id=row.last_run_id,
         last_error=row.last_error,
+        after_schedule=row.after_schedule,
     )

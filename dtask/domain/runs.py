@@ -13,6 +13,7 @@ from dtask.domain.schedules import iso
 
 
 class RunState(StrEnum):
+    WAITING = "waiting"  # for the runs it was submitted after (its upstreams) to succeed
     PENDING = "pending"
     SPLITTING = "splitting"
     RUNNING = "running"
@@ -39,13 +40,16 @@ class ChildState(StrEnum):
 _FINISHED_RUN = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 
 RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    # released when its last upstream succeeds; failed when one fails or is cancelled
+    RunState.WAITING: frozenset({RunState.PENDING, RunState.FAILED, RunState.CANCELLED}),
     RunState.PENDING: frozenset({RunState.SPLITTING, RunState.FAILED, RunState.CANCELLED}),
     RunState.SPLITTING: frozenset({RunState.RUNNING, RunState.FAILED, RunState.CANCELLED}),
     RunState.RUNNING: frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED}),
     RunState.SUCCEEDED: frozenset(),
-    # rerun: back to pending (never split) or splitting (dispatch the unfinished children)
-    RunState.FAILED: frozenset({RunState.PENDING, RunState.SPLITTING}),
-    RunState.CANCELLED: frozenset({RunState.PENDING, RunState.SPLITTING}),
+    # rerun: back to pending (never split), splitting (dispatch the unfinished children) or
+    # waiting (never split, and an upstream is running again)
+    RunState.FAILED: frozenset({RunState.WAITING, RunState.PENDING, RunState.SPLITTING}),
+    RunState.CANCELLED: frozenset({RunState.WAITING, RunState.PENDING, RunState.SPLITTING}),
 }
 
 CHILD_TRANSITIONS: dict[ChildState, frozenset[ChildState]] = {
@@ -122,6 +126,8 @@ class RunStatus:
     result: Any = None  # the template's reduce of its children's results (JSON)
     tier: Tier = Tier.BASIC
     notify: dict[str, Any] | None = None  # the completion notification's delivery, if asked
+    after: tuple[int, ...] = ()  # the runs it was submitted after (its upstreams)
+    waiting_for: tuple[int, ...] = ()  # those of them not finished yet
 
     @property
     def finished(self) -> bool:
@@ -148,6 +154,8 @@ class RunStatus:
             "late": bool(self.late),
             "tier": self.tier.value,
             "notify": self.notify,
+            "after": list(self.after),
+            "waiting_for": list(self.waiting_for),
         }
 
 

@@ -373,20 +373,24 @@ class Schedule:
     buffered: datetime | None = None
     last_run_id: int | None = None
     last_error: str | None = None
+    # each slot's run waits for this schedule's run of the latest slot at or before it
+    after_schedule: str | None = None
 
     def __post_init__(self) -> None:
-        if not _SCHEDULE_NAME.match(self.name):
-            raise InvalidSchedule(
-                f"schedule name {self.name!r} must be 1-100 letters, digits or _ . -"
-            )
+        for name in (self.name, self.after_schedule):
+            if name is not None and not _SCHEDULE_NAME.match(name):
+                raise InvalidSchedule(
+                    f"schedule name {name!r} must be 1-100 letters, digits or _ . -"
+                )
+        if self.after_schedule == self.name:
+            raise InvalidSchedule(f"schedule {self.name!r} cannot run after itself")
 
     def same_definition(self, other: Schedule) -> bool:
-        return (self.name, self.template, self.variables, self.timing) == (
-            other.name,
-            other.template,
-            other.variables,
-            other.timing,
-        )
+        return (
+            self.name, self.template, self.variables, self.timing, self.after_schedule
+        ) == (
+            other.name, other.template, other.variables, other.timing, other.after_schedule
+        )  # fmt: skip
 
     def as_json(self, now: datetime) -> dict[str, Any]:
         timing = self.timing
@@ -402,6 +406,7 @@ class Schedule:
             "buffered": _iso_or_none(self.buffered),
             "last_run_id": self.last_run_id,
             "last_error": self.last_error,
+            "after_schedule": self.after_schedule,
         }
 
 

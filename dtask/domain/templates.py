@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
@@ -106,6 +106,7 @@ class RunOptions(TypedDict, total=False):
     countdown: float | None  # seconds from now before it may start (apply_async's)
     eta: datetime | None  # when it may start (naive: UTC); not with countdown
     queue: str | None  # its children's queue; overrides the template's
+    after: Iterable[int | str | RunHandle] | None  # runs (ids, trigger keys) it waits for
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,12 @@ class Template:
         return launcher().submit(self.name, dict(variables or {}), key=key, **options)
 
     def delay(self, **variables: Any) -> RunHandle:
-        """Trigger one master run, the Celery way: ``template.delay(n=10)``."""
+        """Trigger one master run, the Celery way: ``template.delay(n=10)``;
+        ``template.delay(n=10, after=[run])`` waits for ``run`` to succeed (unless the
+        template has a parameter named ``after``: then use ``submit``)."""
+        if "after" in variables and "after" not in self.params:
+            after = variables.pop("after")
+            return self.submit(variables, after=after)
         return self.submit(variables)
 
     def apply_async(
@@ -288,6 +294,7 @@ class Template:
         catch_up_window: float = CATCH_UP_WINDOW,
         start: datetime | None = None,
         end: datetime | None = None,
+        after_schedule: str | None = None,
         variables: Mapping[str, Any] | None = None,
         **more_variables: Any,
     ) -> Schedule:
@@ -309,7 +316,9 @@ class Template:
             end=end,
         )
         variables = {**(variables or {}), **more_variables}
-        return launcher().schedule(name, self.name, variables, replace=True, **when)
+        return launcher().schedule(
+            name, self.name, variables, replace=True, after_schedule=after_schedule, **when
+        )
 
     def __call__(self, ctx: ChildContext, **spec: Any) -> None:
         self.function(ctx, **spec)
@@ -334,6 +343,7 @@ class Launcher(Protocol):
         variables: dict[str, Any],
         *,
         replace: bool,
+        after_schedule: str | None = None,
         **when: Unpack[When],
     ) -> Schedule: ...
 

@@ -4,17 +4,16 @@ second: no dependency, and template modules are few)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from pathlib import Path
+
+from dtask import services
 
 
 def module_files(modules: tuple[str, ...]) -> list[Path]:
     """The .py files of ``modules`` (a package: every .py under it), from the current folder
     as the workers see it. ``find_spec`` imports a dotted name's parent packages here, never
     the modules themselves."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    services.current_folder_importable()
     files: list[Path] = []
     for name in modules:
         try:

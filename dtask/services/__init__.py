@@ -107,6 +107,13 @@ def import_database_driver() -> None:
     engine_for(url, durable=False, owner=True)
 
 
+def current_folder_importable() -> None:
+    """Template modules are named from the folder a command runs in, as ``celery -A`` names
+    its app: that folder on ``sys.path`` (a console script's path holds only its own)."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def load_templates(config: Settings | None = None) -> None:
     """Import the sample templates and every module named in DTASK_TEMPLATES (once). The
     current folder is importable, as it is for ``celery -A``."""
@@ -115,8 +122,8 @@ def load_templates(config: Settings | None = None) -> None:
         return
     importlib.import_module("dtask.examples")
     modules = (config or settings_module.load()).templates
-    if modules and "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    if modules:
+        current_folder_importable()
     for module in modules:
         try:
             importlib.import_module(module)

@@ -160,6 +160,12 @@ def beat_pass() -> float:
     except DtaskError as exc:
         log.warning("beat: %s; trying again in %g s", exc, MAX_SLEEP)
         return MAX_SLEEP
+    for run_id, run in fired.held:
+        slot = iso(run.slot) if run.slot else "?"
+        waits = f"waits for run {run.after[0]}" if run.after else f"failed: {run.unmet}"
+        log.info(
+            "schedule %s: slot %s triggered run %s, which %s", run.schedule, slot, run_id, waits
+        )
     for run_id, run in fired.created:
         slot = iso(run.slot) if run.slot else "?"
         try:

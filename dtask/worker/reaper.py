@@ -37,7 +37,7 @@ from dtask.worker import registry
 from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_finalize, send_master
-from dtask.worker.results import finalize_run, runs_user_code
+from dtask.worker.results import finalize_run, runs_user_code, start_released
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -176,6 +176,11 @@ def reap_once() -> Pass:
                     unstuck += 1
                     log.warning("reaper: run %s stuck in %s, its master re-sent", run_id, state)
         if budget.left():
+            released = guard("settling waiting runs", None, recovery.settle_waiting) or []
+            for run_id in released:
+                log.warning("reaper: run %s released: its upstreams succeeded unsettled", run_id)
+            start_released(None, released, lambda: sender.producer)
+        if budget.left():
             for late in guard("deciding runs past their deadline", None, recovery.take_late) or []:
                 log.warning(
                     "reaper: run %s is late: none of its children started by its deadline %s"
@@ -198,7 +203,7 @@ def _finalize(store: Store, run_id: int, sender: Sender, stall: float) -> RunSta
     it is finalizing or changing the run), or, when that would run user code (its template's
     reduce), handed to a worker's pool: the reaper's pass runs no user code."""
     if not runs_user_code(store.runs.get(run_id).template):
-        return finalize_run(store, run_id, wait=False)
+        return finalize_run(store, run_id, wait=False, producer=lambda: sender.producer)
     now = time.monotonic()
     if now - _handed.get(run_id, -math.inf) < stall:
         return None

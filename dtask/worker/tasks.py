@@ -52,7 +52,7 @@ from dtask.worker.dispatch import (
 )
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
-from dtask.worker.results import finalize_run, reducer
+from dtask.worker.results import finalize_run, reducer, start_released
 
 log = logging.getLogger("dtask.worker")
 
@@ -85,7 +85,11 @@ class ChildWrites(Protocol):
 class RunReads(Protocol):
     def get(self, run_id: int) -> RunRecord: ...
     def finalize(
-        self, run_id: int, wait: bool = True, reduce: Reducer | None = None
+        self,
+        run_id: int,
+        wait: bool = True,
+        reduce: Reducer | None = None,
+        released: list[int] | None = None,
     ) -> RunState: ...
 
 
@@ -460,8 +464,10 @@ def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
     left to the chord callback or the reaper."""
     try:
         if not store.children.any_unfinished(run_id):
-            state = store.runs.finalize(run_id, reduce=reducer)
+            released: list[int] = []
+            state = store.runs.finalize(run_id, reduce=reducer, released=released)
             log.info("run %s finalized by its last child: %s", run_id, state.value)
+            start_released(run_id, released)
     except Exception as exc:  # the child itself succeeded: never fail it for this
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
 

@@ -269,3 +269,26 @@ def test_a_finished_run_is_posted_signed_to_its_notify_url_and_retried(
         assert bad.status == 422 and "notify_url must be an http(s) URL" in bad.body["error"]
     finally:
         receiver.close()
+
+
+def test_a_run_submitted_after_others_over_http_waits_and_names_them(
+    api: str, tokens: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    a, b = tokens["a"], tokens["b"]
+    slow = {"template": "slow_range", "variables": {"n": 20, "delay": 0.1}}
+    up = call(api, "POST", "/runs", a, {**slow, "key": f"api-up-{time.time()}"})
+    assert up.status == 201, up.body
+    after = {"template": "print_range", "variables": {"n": 3}}
+    down = call(api, "POST", "/runs", a, {**after, "after_keys": [up.body["key"]]})
+    assert down.status == 201, down.body
+    assert (down.body["state"], down.body["after"]) == ("waiting", [up.body["id"]])
+    assert down.body["waiting_for"] == [up.body["id"]]
+    before = run_count()
+    for body in ({"after": [987654321]}, {"after_keys": ["no-such-key"]}, {"after": ["x"]}):
+        refused = call(api, "POST", "/runs", a, {**after, **body})
+        assert refused.status == 422, refused.body
+    theirs = call(api, "POST", "/runs", b, {**after, "after": [up.body["id"]]})
+    assert theirs.status == 422 and theirs.body["error"] == f"after: no run with id {up.body['id']}"
+    assert run_count() == before
+    done = call(api, "GET", f"/runs/{down.body['id']}?wait=120", a)
+    assert (done.body["state"], done.body["waiting_for"]) == ("succeeded", [])

@@ -130,11 +130,21 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
 
     long = {"template": "slow_range", "variables": {"n": 4000, "delay": 0.05}}
     slow = call(site[1], "POST", "/runs", a, long).body
-    page.goto(f"{site[0]}/#/runs/{slow['id']}")
+    after = {"template": "print_range", "variables": {"n": 3}, "after": [slow["id"]]}
+    waiting = call(site[1], "POST", "/runs", a, after).body
+    page.goto(f"{site[0]}/#/runs/{waiting['id']}")
+    page.wait_for_selector("#run-state .state.waiting", timeout=WAIT)
+    upstream = page.wait_for_selector(f"#run-after a.waiting-for[href='#/runs/{slow['id']}']")
+    assert upstream is not None and upstream.inner_text() == f"#{slow['id']}"
+    assert "waiting for 1 upstream run(s)" in page.inner_text("body")
+    upstream.click()
     page.wait_for_selector("#run-state .state.running", timeout=WAIT)
     page.click("#cancel")
     page.wait_for_selector("#run-state .state.cancelled", timeout=WAIT)
     assert call(site[1], "GET", f"/runs/{slow['id']}", a).body["state"] == "cancelled"
+    page.goto(f"{site[0]}/#/runs/{waiting['id']}")
+    page.wait_for_selector("#run-state .state.failed", timeout=WAIT)
+    assert f"upstream run {slow['id']} was cancelled" in page.inner_text("#run-error")
 
 
 def test_another_client_s_runs_are_not_on_its_page(

@@ -302,3 +302,40 @@ def test_bad_schedules_get_one_line_and_save_nothing(
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert dtask(dtask_env, "schedule", "show", name).returncode == 2
+
+
+def test_a_schedule_after_another_runs_each_slot_once_after_the_same_slot_upstream(
+    dtask_env: dict[str, str],
+    worker: WorkerProcess,
+    beats: list[BeatProcess],
+    names: list[str],
+    tmp_path: Path,
+) -> None:
+    for i in range(2):
+        start_beat(dtask_env, beats, tmp_path / f"beat{i}.log")
+    extract, load = new_name(names, "extract"), new_name(names, "load")
+    add(dtask_env, extract, "slow_range", "-v", "n=20", "-v", "delay=0.05", "--every", "2")
+    add(dtask_env, load, "print_range", "-v", "n=5", "--every", "2", "--after-schedule", extract)
+    shown = dtask(dtask_env, "schedule", "show", load)
+    assert f"after      schedule {extract}" in shown.stdout, shown.stdout
+    wait_for(lambda: sum(r.state == "succeeded" for r in runs_of(load)) >= 5, 120, "5 load slots")
+    for name in (load, extract):
+        assert dtask(dtask_env, "schedule", "pause", name).returncode == 0
+    upstream = {r.slot: r for r in runs_of(extract)}
+    loads = runs_of(load)
+    assert len({r.slot for r in loads}) == len(loads)  # each slot once
+    store = services.store()
+    for run in loads:
+        status = store.runs.status(run.id)
+        up = upstream[run.slot]  # the same slot of extract
+        assert status.after == (up.id,), (run, status.after)
+        if run.state == "succeeded":
+            first = store.children.page(run.id, None, 1, None)[0]
+            assert first.started_at is not None and up.finished_at is not None
+            assert first.started_at >= up.finished_at
+    cycle = dtask(dtask_env, "schedule", "add", extract, "slow_range", "-v", "n=20", "-v",
+                  "delay=0.05", "--every", "2", "--after-schedule", load, "--replace")  # fmt: skip
+    assert cycle.returncode == 2 and "already runs after" in cycle.stderr, cycle.stderr
+    missing = dtask(dtask_env, "schedule", "add", new_name(names, "x"), "print_range", "-v",
+                    "n=1", "--every", "2", "--after-schedule", "no-such-schedule")  # fmt: skip
+    assert missing.returncode == 2 and "no such schedule" in missing.stderr, missing.stderr

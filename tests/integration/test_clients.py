@@ -146,7 +146,7 @@ def test_a_slot_run_s_deadline_counts_from_its_slot(store: Store) -> None:
     from datetime import UTC, datetime, timedelta
 
     from dtask.db import NewRun
-    from dtask.db.runs import insert_run
+    from dtask.db.run_inserts import insert_run
 
     slot = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
     run = NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, slot=slot, delay_tolerance=600)

@@ -302,3 +302,26 @@ def bad_reduce(ctx: dtask.ChildContext, a: int, b: int) -> int:
 )
 def logs(ctx: dtask.ChildContext, a: int, b: int) -> None:
     ctx.log.info("working on %s..%s", a, b)
+
+
+def _first_reduce_hangs(results: list[object]) -> object:
+    """The first reduce in a test session writes its pid and hangs (to be SIGKILLed
+    mid-finalize); later ones return at once."""
+    marker = Path(os.environ["DTASK_TEST_SINK"]) / "hanging-reduce.pid"
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        __import__("time").sleep(120)
+    return len(results)
+
+
+@dtask.template(
+    "hanging_reduce",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=10),
+    reduce=_first_reduce_hangs,
+)
+def hanging_reduce(ctx: dtask.ChildContext, a: int, b: int) -> int:
+    with _sink(ctx).open("a") as out:
+        out.write(f"{a}..{b}\n")
+    return b - a + 1

@@ -99,7 +99,9 @@ class FakeRuns:
         self._children = children
         self.finalized: list[int] = []
 
-    def finalize(self, run_id: int, wait: bool = True, reduce: Any = None) -> RunState:
+    def finalize(
+        self, run_id: int, wait: bool = True, reduce: Any = None, released: Any = None
+    ) -> RunState:
         self.finalized.append(run_id)
         return RunState.SUCCEEDED
 

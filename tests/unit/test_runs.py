@@ -40,6 +40,7 @@ def test_only_a_rerun_leaves_a_finished_state() -> None:
     assert not any(can_move(RunState.SUCCEEDED, t) for t in RunState)
     for state in (RunState.FAILED, RunState.CANCELLED):
         assert {t for t in RunState if can_move(state, t)} == {
+            RunState.WAITING,
             RunState.PENDING,
             RunState.SPLITTING,
         }
@@ -50,7 +51,7 @@ def test_only_a_rerun_leaves_a_finished_state() -> None:
 
 def test_sources_of_a_final_state() -> None:
     assert set(sources(RunState.SUCCEEDED)) == {"running"}
-    assert set(sources(RunState.FAILED)) == {"pending", "splitting", "running"}
+    assert set(sources(RunState.FAILED)) == {"waiting", "pending", "splitting", "running"}
 
 
 @pytest.mark.parametrize(
@@ -106,7 +107,7 @@ def test_status_json_has_the_documented_shape() -> None:
     assert list(data) == [
         "id", "template", "key", "state", "variables", "children", "created_at", "finished_at",
         "error", "schedule", "slot", "client", "priority", "deadline", "start_after", "result",
-        "late", "tier", "notify",
+        "late", "tier", "notify", "after", "waiting_for",
     ]  # fmt: skip
     assert data["children"] == {
         "total": 3, "pending": 0, "running": 1, "succeeded": 2, "failed": 0,

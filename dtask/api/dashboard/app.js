@@ -68,10 +68,20 @@ function duration(run) {
   return seconds((end - Date.parse(run.created_at)) / 1000);
 }
 
+function upstreams(run) {
+  if (!run.after.length) return "none";
+  const shown = run.after.slice(0, 20).map((id) => el("a", { href: `#/runs/${id}`, class: run.waiting_for.includes(id) ? "waiting-for" : "" }, `#${id}`));
+  const more = run.after.length > 20 ? ` and ${run.after.length - 20} more` : "";
+  return el("span", { id: "run-after" }, ...shown.flatMap((a, i) => (i ? [", ", a] : [a])), more);
+}
+
 function progress(run, width) {
   const c = run.children;
   const bar = el("div", { class: "bar", style: width ? `width:${width}` : null });
-  if (!c.total) return el("div", { class: "pct" }, bar, el("small", {}, run.state === "failed" ? "no children" : "splitting…"));
+  if (!c.total) {
+    const why = run.state === "waiting" ? `waiting for ${run.waiting_for.length} upstream run(s)` : ["failed", "cancelled"].includes(run.state) ? "no children" : "splitting…";
+    return el("div", { class: "pct" }, bar, el("small", {}, why));
+  }
   const share = (n) => `${(100 * n) / c.total}%`;
   const done = c.succeeded + c.failed;
   bar.append(
@@ -132,7 +142,7 @@ function runsPage() {
       problem.textContent = e.fields ? Object.values(e.fields).join("; ") : e.message;
     }
   });
-  const filter = el("select", { id: "state-filter" }, ["", "pending", "splitting", "running", "succeeded", "failed", "cancelled"].map((s) => el("option", { value: s }, s || "every state")));
+  const filter = el("select", { id: "state-filter" }, ["", "waiting", "pending", "splitting", "running", "succeeded", "failed", "cancelled"].map((s) => el("option", { value: s }, s || "every state")));
   const body = el("tbody");
   replace(view, el("h2", {}, "Runs"), el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, "New run"), form),
     el("p", {}, filter), el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ["Run", "State", "Template", "Client", "Trigger", "Progress", "Duration", "Created"].map((h) => el("th", {}, h)))), body));
@@ -211,7 +221,8 @@ function runPage(id) {
           fact("Trigger", trigger(run)), fact("Priority / tier", `${run.priority} / ${run.tier}`),
           fact("Created", when(run.created_at)), fact("Finished", when(run.finished_at)), fact("Duration", duration(run)),
           fact("Deadline", run.deadline ? `${when(run.deadline)}${run.late ? " (late)" : ""}` : "none"),
-          fact("Notify", run.notify ? `${run.notify.state} (${run.notify.attempts} tries)` : "none")),
+          fact("Notify", run.notify ? `${run.notify.state} (${run.notify.attempts} tries)` : "none"),
+          fact("After", upstreams(run))),
         el("h3", {}, "Progress"), progress(run, "100%"),
         el("h3", {}, "Variables"), el("code", {}, JSON.stringify(run.variables)),
         run.error ? el("pre", { class: "error", id: "run-error" }, run.error) : null,
