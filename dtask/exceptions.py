@@ -173,3 +173,12 @@ class UpstreamNotFound(RunNotFound):
 
 class UpstreamFailed(DtaskError):
     """A rerun of a run whose upstream failed or was cancelled: that upstream comes first."""
+
+
+class InvalidCheckpoint(DtaskError):
+    """A checkpoint that cannot be kept: not JSON, or over DTASK_MAX_CHECKPOINT."""
+
+
+class InvalidInput(DtaskError):
+    """A value PostgreSQL cannot hold (text with a NUL or undecodable bytes, a number out of
+    range) reached a query past the checks at the edges."""

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import platformdirs
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
@@ -25,6 +32,24 @@ PREFIX = "DTASK_"
 
 def is_redis(url: str) -> bool:
     return url.startswith(("redis://", "rediss://", "redis+socket://"))
+
+
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_POSTGRESQL = {"postgresql", "postgresql+psycopg"}
+
+
+def _checked_url(url: str, example: str) -> str:
+    """The URL's scheme, once its shape and port are sound (ValueError saying what is not)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise ValueError(f"must be a URL, e.g. {example}")
+    # host[:port] follows the last "@" (as SQLAlchemy and kombu read a password holding one)
+    host = rest.rsplit("@", 1)[-1].split("/", 1)[0].split("?", 1)[0]
+    port = host.rpartition("]")[2] if host.startswith("[") else host
+    _, colon, number = port.rpartition(":")
+    if colon and not (number.isdigit() and 1 <= int(number) <= 65_535):
+        raise ValueError(f"has a bad port {number[:20]!r} (1 to 65535)")
+    return scheme.lower()
 
 
 def _default_backend(data: dict[str, Any]) -> str | None:
@@ -47,6 +72,10 @@ class Settings(BaseSettings):
     max_children: int = Field(100_000, ge=1)
     max_child_result: int = Field(65_536, ge=0)  # bytes of JSON a child function may return
     max_run_result: int = Field(1_048_576, ge=0)  # bytes of JSON a template's reduce may return
+    max_variables: int = Field(1_048_576, ge=2)  # bytes of JSON of one run's variables
+    max_child_spec: int = Field(65_536, ge=2)  # bytes of JSON of one child's spec (its kwargs)
+    max_checkpoint: int = Field(1_048_576, ge=2)  # bytes of JSON of one checkpoint
+    split_timeout: float = Field(30.0, gt=0)  # seconds a template's split may take
     lease_ttl: float = Field(8.0, ge=1.0)
     heartbeat_interval: float = Field(
         default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1
@@ -86,13 +115,43 @@ class Settings(BaseSettings):
             return tuple(m.strip() for m in value.split(",") if m.strip())
         return value
 
+    @field_validator("templates")
+    @classmethod
+    def _module_names(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
+        for module in modules:
+            if not _MODULE.fullmatch(module):
+                raise ValueError(
+                    f"names {module[:60]!r}, which is not a module name (dotted, like"
+                    " myjobs.templates; no relative or file names)"
+                )
+        return modules
+
+    @field_validator("database_url")
+    @classmethod
+    def _a_postgresql_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            scheme = _checked_url(url, "postgresql://user:password@host:5432/dbname")
+            if scheme not in _POSTGRESQL:
+                raise ValueError(
+                    f"must be a PostgreSQL URL (postgresql:// or postgresql+psycopg://),"
+                    f" not {scheme}://"
+                )
+        return url
+
+    @field_validator("broker_url")
+    @classmethod
+    def _a_broker_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            _checked_url(url, "redis://host:6379/0 or amqp://user:password@host:5672//")
+        return url
+
     @field_validator("result_backend")
     @classmethod
     def _a_url(cls, url: str | None) -> str | None:
         # Any Celery result backend: with one that counts chords natively (Redis) a run's
         # chord callback finalizes it, with any other its last child does (from PostgreSQL).
-        if url is not None and "://" not in url:
-            raise ValueError("must be a URL, e.g. redis://host:6379/1 or db+postgresql://...")
+        if url is not None:
+            _checked_url(url, "redis://host:6379/1 or db+postgresql://...")
         return url
 
     @field_validator("heartbeat_interval")
@@ -106,13 +165,26 @@ class Settings(BaseSettings):
             )
         return beat
 
+    @model_validator(mode="after")
+    def _split_within_its_transaction(self) -> Settings:
+        idle = self.db_idle_in_transaction_timeout
+        if idle and self.split_timeout >= idle:
+            raise ValueError(
+                f"DTASK_SPLIT_TIMEOUT ({self.split_timeout:g}) must be below"
+                f" DTASK_DB_IDLE_IN_TRANSACTION_TIMEOUT ({idle:g}): a split runs inside the"
+                " run's transaction"
+            )
+        return self
+
     @field_validator("flower_auth")
     @classmethod
     def _user_and_password(cls, auth: SecretStr | None) -> SecretStr | None:
         if auth is not None:
             user, sep, password = auth.get_secret_value().partition(":")
             if not (user and sep and password):
-                raise ValueError("must be user:password")
+                raise ValueError("must be user:password (both non-empty)")
+            if "," in user or "," in password:
+                raise ValueError("must be one user:password without a comma (Flower splits there)")
         return auth
 
     @property
@@ -184,6 +256,14 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
     "DTASK_MAX_CHILD_RESULT": ("65536", "bytes of JSON a child function may return"),
     "DTASK_MAX_RUN_RESULT": ("1048576", "bytes of JSON a template's reduce may return"),
+    "DTASK_MAX_VARIABLES": ("1048576", "bytes of JSON a run's variables may take"),
+    "DTASK_MAX_CHILD_SPEC": ("65536", "bytes of JSON one child's spec (its range) may take"),
+    "DTASK_MAX_CHECKPOINT": ("1048576", "bytes of JSON one checkpoint may take"),
+    "DTASK_SPLIT_TIMEOUT": (
+        "30",
+        "seconds a template's split may take before its run fails (below the idle-in-transaction"
+        " timeout)",
+    ),
     "DTASK_LEASE_TTL": ("8", "seconds a child's lease lasts without a heartbeat"),
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
     "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
@@ -283,6 +363,14 @@ def use_source(source: Callable[[], Mapping[str, Any]] | None, fixed: tuple[str,
     _source, _fixed = source, frozenset(fixed)
 
 
+def secrets_dir() -> Path | None:
+    """Where settings may also come from files named like them in lower case
+    (``dtask_database_url``): Docker's and Compose's ``/run/secrets``, or DTASK_SECRETS_DIR.
+    A variable of the same name wins over a file."""
+    folder = Path(os.environ.get("DTASK_SECRETS_DIR") or "/run/secrets")
+    return folder if folder.is_dir() else None
+
+
 def load() -> Settings:
     """The settings from the environment (then the installed source); every problem in one
     ConfigurationError line."""
@@ -298,8 +386,9 @@ def load() -> Settings:
                 f" {name.removesuffix('_url').replace('_', ' ')} ({mask(str(value))}): unset it"
             )
         given[name] = value
+    secrets = secrets_dir()
     try:
-        settings = Settings(**given)
+        settings = Settings(_secrets_dir=secrets, **given)
     except ValidationError as exc:
         # A derived default is not computed when what it derives from is invalid: no news.
         errors = [e for e in exc.errors(include_url=False) if e["type"] != _NOT_DERIVED]
@@ -330,8 +419,11 @@ def rows(settings: Settings) -> list[Row]:
             value = list(value)
         elif field in _URLS and value is not None:
             value = mask(value)
+        secrets = secrets_dir()
         if os.environ.get(env_name(field)):
             source = "env"
+        elif secrets is not None and (secrets / env_name(field).lower()).is_file():
+            source = "file"
         elif field in settings.model_fields_set:
             source = "app"
         else:

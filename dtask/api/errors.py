@@ -37,6 +37,9 @@ STATUS: list[tuple[type[e.DtaskError], int]] = [
     (e.InvalidDelayTolerance, 422),
     (e.InvalidSchedule, 422),
     (e.InvalidNotifyUrl, 422),
+    (e.InvalidInput, 422),
+    (e.InvalidStart, 422),
+    (e.InvalidCheckpoint, 422),
 ]
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, Parser
+from dtask.cli.base import EXIT_OK, Parser, port, token_id
 
 
 def register(sub: Any) -> None:
@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default loopback)"
     )
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
 
     token = sub.add_parser("token", help="manage the HTTP API's tokens")
     token.set_defaults(handler=_cmd_token)
@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
     ops.add_parser("list", help="the tokens (never their secrets)").add_argument(
         "--json", action="store_true"
     )
-    ops.add_parser("revoke", help="a revoked token is refused at once").add_argument("id", type=int)
+    revoke = ops.add_parser("revoke", help="a revoked token is refused at once")
+    revoke.add_argument("id", type=token_id)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from dtask.exceptions import DtaskError, InvalidVariables
@@ -49,3 +50,33 @@ def number(text: str | None, kind: type[N], option: str, error: type[DtaskError]
         if option in ("--execution-cap", "--delay-tolerance"):
             what += " of seconds"
         raise error(f"{option} expects {what}, got {text!r}") from None
+
+
+def _bounded(kind: type[N], low: N, high: N, what: str) -> Callable[[str], N]:
+    """An argparse type: ``kind`` from ``low`` to ``high`` (finite), else one line, exit 2."""
+
+    def convert(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            bounds = f"{_shown(low)} to {_shown(high)}"
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what} ({bounds})")
+        return value
+
+    return convert
+
+
+def _shown(bound: float) -> str:
+    return f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+
+
+BIGINT = 2**63 - 1
+port = _bounded(int, 1, 65_535, "a TCP port")
+run_id = _bounded(int, 1, BIGINT, "a run id")
+token_id = _bounded(int, 1, BIGINT, "a token id")
+child_index = _bounded(int, 0, 2**31 - 1, "a child's index")
+limit = _bounded(int, 1, 1_000_000, "a positive whole number")
+timeout = _bounded(float, 0.0, 366 * 86400.0, "a number of seconds")
+processes = _bounded(int, 1, 256, "a number of processes")

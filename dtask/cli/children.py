@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from dtask.cli.base import EXIT_BAD_INPUT, EXIT_OK
+from dtask.cli.base import EXIT_BAD_INPUT, EXIT_OK, limit, run_id
 from dtask.domain.runs import ChildState
 
 PAGE = 1000
@@ -19,9 +19,11 @@ def register(sub: Any) -> None:
         "children", help="list a run's children: range, state, attempts, worker, error"
     )
     children.set_defaults(handler=_cmd_children)
-    children.add_argument("run_id", type=int)
+    children.add_argument("run_id", type=run_id)
     children.add_argument("--state", choices=[s.value for s in ChildState], help="only these")
-    children.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    children.add_argument(
+        "--limit", type=limit, default=100, help="at most this many (default 100)"
+    )
     children.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
@@ -29,9 +31,6 @@ def _cmd_children(args: argparse.Namespace) -> int:
     from dtask import services
     from dtask.client.runs import get_run
 
-    if args.limit < 1:
-        print("dtask: error: --limit must be at least 1", file=sys.stderr)
-        return EXIT_BAD_INPUT
     get_run(args.run_id)  # RunNotFound, in one line
     state = None if args.state is None else ChildState(args.state)
     store, shown, after = services.store(), 0, None

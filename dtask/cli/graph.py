@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from dtask.cli.base import EXIT_OK
+from dtask.cli.base import EXIT_OK, run_id
 from dtask.domain.deps import draw
 
 
@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
         "graph", help="show the runs a run waits for and the runs that wait for it, as trees"
     )
     graph.set_defaults(handler=_cmd_graph)
-    graph.add_argument("run_id", type=int)
+    graph.add_argument("run_id", type=run_id)
     graph.add_argument("--json", action="store_true", help="every run and edge as one object")
 
 

@@ -7,7 +7,17 @@ import json
 import sys
 from typing import Any, NoReturn
 
-from dtask.cli.base import EXIT_NOT_YET, EXIT_OK, EXIT_RUN_FAILED, number, parse_vars
+from dtask.cli.base import (
+    EXIT_NOT_YET,
+    EXIT_OK,
+    EXIT_RUN_FAILED,
+    child_index,
+    limit,
+    number,
+    parse_vars,
+    run_id,
+    timeout,
+)
 from dtask.domain.clients import Tier
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
@@ -49,7 +59,7 @@ def register(sub: Any) -> None:
     )
     submit.add_argument(
         "--after",
-        type=int,
+        type=run_id,
         action="append",
         default=[],
         metavar="RUN_ID",
@@ -63,26 +73,26 @@ def register(sub: Any) -> None:
         help="wait for the run this trigger key started (repeatable)",
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
-    submit.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
+    submit.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
 
     status = sub.add_parser("status", help="show a run's state and its children's progress")
     status.set_defaults(handler=_cmd_status)
-    status.add_argument("run_id", type=int)
+    status.add_argument("run_id", type=run_id)
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
-    status.add_argument("--timeout", type=float, help="with --watch: give up after SECONDS")
+    status.add_argument("--timeout", type=timeout, help="with --watch: give up after SECONDS")
     status.add_argument(
-        "--child", type=int, metavar="N", help="show child N: its spec, error and traceback"
+        "--child", type=child_index, metavar="N", help="show child N: its spec, error and traceback"
     )
 
     result = sub.add_parser(
         "result", help="print a run's result (its template's reduce of the children's values)"
     )
     result.set_defaults(handler=_cmd_result)
-    result.add_argument("run_id", type=int)
+    result.add_argument("run_id", type=run_id)
     result.add_argument("--wait", action="store_true", help="wait until the run has finished")
-    result.add_argument("--timeout", type=float, help="with --wait: give up after SECONDS")
+    result.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
 
     for name, text, handler in (
         (
@@ -98,13 +108,13 @@ def register(sub: Any) -> None:
     ):
         op = sub.add_parser(name, help=text)
         op.set_defaults(handler=handler)
-        op.add_argument("run_id", type=int)
+        op.add_argument("run_id", type=run_id)
         op.add_argument("--json", action="store_true")
 
     runs = sub.add_parser("runs", help="list recent runs")
     runs.set_defaults(handler=_cmd_runs)
     runs.add_argument("--json", action="store_true")
-    runs.add_argument("--limit", type=int, default=50)
+    runs.add_argument("--limit", type=limit, default=50)
     runs.add_argument("--client", help="only the runs of this client")
     runs.add_argument("--state", choices=[s.value for s in RunState], help="only runs in it")
     runs.add_argument("--template", help="only the runs of this template")

@@ -9,7 +9,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from dtask.cli.base import EXIT_OK
+from dtask.cli.base import EXIT_OK, port, processes
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
 from dtask.exceptions import ConfigurationError
@@ -21,13 +21,13 @@ def register(sub: Any) -> None:
         "up", help="run a local stack: services, workers, beat, Flower and the HTTP API"
     )
     up.set_defaults(handler=_cmd_up)
-    up.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    up.add_argument("--concurrency", type=int, default=1, help="pool processes per worker")
+    up.add_argument("--workers", type=processes, default=2, help="worker processes (default 2)")
+    up.add_argument("--concurrency", type=processes, default=1, help="pool processes per worker")
     up.add_argument("--no-flower", action="store_true")
     up.add_argument("--no-beat", action="store_true")
-    up.add_argument("--flower-port", type=int, default=5555)
+    up.add_argument("--flower-port", type=port, default=5555)
     up.add_argument("--no-api", action="store_true", help="without `dtask serve`")
-    up.add_argument("--api-port", type=int, default=8000)
+    up.add_argument("--api-port", type=port, default=8000)
     up.add_argument(
         "--reload",
         action="store_true",
@@ -36,7 +36,7 @@ def register(sub: Any) -> None:
 
     flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
     flower.set_defaults(handler=_cmd_flower)
-    flower.add_argument("--port", type=int, default=5555)
+    flower.add_argument("--port", type=port, default=5555)
     flower.add_argument("--address", default="127.0.0.1")
 
     sub.add_parser(
@@ -204,10 +204,8 @@ def _cmd_flower(args: argparse.Namespace) -> int:
     require("flower", "flower", "dtask flower")
     auth = flower_auth(args.address)
     app = configure()
-    if auth:
-        os.environ["FLOWER_BASIC_AUTH"] = auth  # not on the command line, where ps shows it
-    else:  # flower_auth allows no password on loopback only
-        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    os.environ["FLOWER_BASIC_AUTH"] = auth  # not on the command line, where ps shows it
+    os.environ.pop("FLOWER_UNAUTHENTICATED_API", None)  # never: any web page could use it
     app.start(["flower", f"--port={args.port}", f"--address={args.address}"])
     return EXIT_OK
 

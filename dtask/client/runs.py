@@ -20,12 +20,13 @@ from dtask.domain.deadlines import (
     on_late_of,
 )
 from dtask.domain.deps import check_after
+from dtask.domain.limits import check_json_size, check_key
 from dtask.domain.notify import check_url
 from dtask.domain.runs import RunHandle, RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
-    InvalidStart,
+    InvalidVariables,
     NotCancellable,
     NothingToRerun,
     RunCancelled,
@@ -185,13 +186,17 @@ def submit(
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     check_url(notify_url)
-    if key is not None and not key.strip():
-        raise InvalidStart(f"{where}: the key is empty (leave it out for an ad hoc run)")
+    if key is not None:
+        check_key(key, where)
     start_at, start_in = check_start(countdown, eta, where)
     children_queue = check_queue(queue, where) or tpl.options.queue
     if priority is not None:
         check_priority(priority)
     checked = tpl.validate(variables)
+    check_json_size(
+        f"the variables of {where}", checked, config.max_variables, "DTASK_MAX_VARIABLES",
+        InvalidVariables,
+    )  # fmt: skip
     _, children = tpl.count(checked, config.max_children)
     store = services.store()
     upstreams = _upstreams(store, after, where)

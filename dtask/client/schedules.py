@@ -10,8 +10,9 @@ from typing import Any, Unpack
 
 from dtask import services
 from dtask.db.schedules import ScheduleStore
-from dtask.domain.schedules import Schedule, When, make_timing
+from dtask.domain.schedules import SCHEDULE_NAME, Schedule, When, make_timing
 from dtask.domain.templates import registry
+from dtask.exceptions import ScheduleNotFound
 
 
 def _store() -> ScheduleStore:
@@ -43,8 +44,15 @@ def add_schedule(
     return saved
 
 
+def _named(name: str) -> str:
+    """A name no schedule can have is not looked up: ScheduleNotFound at once."""
+    if not isinstance(name, str) or not SCHEDULE_NAME.fullmatch(name):
+        raise ScheduleNotFound(f"no schedule named {str(name)[:100]!r} (see `dtask schedule list`)")
+    return name
+
+
 def get_schedule(name: str) -> Schedule:
-    return _store().get(name)
+    return _store().get(_named(name))
 
 
 def list_schedules() -> list[Schedule]:
@@ -52,13 +60,13 @@ def list_schedules() -> list[Schedule]:
 
 
 def pause_schedule(name: str) -> Schedule:
-    return _store().set_enabled(name, False)
+    return _store().set_enabled(_named(name), False)
 
 
 def resume_schedule(name: str) -> Schedule:
     """Enable again from now on: slots that came while paused do not run."""
-    return _store().set_enabled(name, True)
+    return _store().set_enabled(_named(name), True)
 
 
 def remove_schedule(name: str) -> None:
-    _store().remove(name)
+    _store().remove(_named(name))

@@ -8,10 +8,10 @@ from functools import lru_cache
 
 from psycopg.errors import IdleInTransactionSessionTimeout
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import InternalError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DataError, InternalError, OperationalError, ProgrammingError
 
 from dtask.db.engine import unreachable
-from dtask.exceptions import DatabaseUnavailable, DtaskError
+from dtask.exceptions import DatabaseUnavailable, DtaskError, InvalidInput
 from dtask.settings import mask
 
 RUN_LOCKS = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
@@ -74,6 +74,11 @@ class Database:
             yield
         except OperationalError as exc:
             raise unreachable(exc, self.engine) from None
+        except DataError as exc:  # the edges check input; this is the net behind them
+            reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
+            raise InvalidInput(f"PostgreSQL cannot hold a value given: {reason}") from None
+        except UnicodeEncodeError:
+            raise InvalidInput("a text given is not valid UTF-8 (undecodable bytes)") from None
         except ProgrammingError as exc:
             if "does not exist" in str(exc.orig):
                 raise DatabaseUnavailable(

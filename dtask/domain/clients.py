@@ -59,6 +59,9 @@ def check_priority(priority: int, what: str = "priority") -> int:
     return priority
 
 
+MAX_COUNT = 2**31 - 1  # rates and max_running are PostgreSQL integers
+
+
 @dataclass(frozen=True)
 class Rate:
     """At most ``count`` per ``period`` (s, m, h or d), over a sliding window."""
@@ -69,10 +72,10 @@ class Rate:
     @classmethod
     def parse(cls, text: str, what: str = "rate") -> Rate:
         match = _RATE.fullmatch(text)
-        if match is None or int(match.group(1)) < 1:
+        if match is None or not 1 <= int(match.group(1)) <= MAX_COUNT:
             raise InvalidClient(
-                f"{what} must look like N/PERIOD with N >= 1 and PERIOD one of s, m, h, d"
-                f" (for example 50/m), got {text!r}"
+                f"{what} must look like N/PERIOD with N from 1 to {MAX_COUNT:,} and PERIOD one"
+                f" of s, m, h, d (for example 50/m), got {text[:40]!r}"
             )
         return cls(int(match.group(1)), match.group(2))
 
@@ -137,10 +140,11 @@ class Client:
         if self.max_running is not None and (
             isinstance(self.max_running, bool)
             or not isinstance(self.max_running, int)
-            or self.max_running < 1
+            or not 1 <= self.max_running <= MAX_COUNT
         ):
             raise InvalidClient(
-                f"max_running must be a whole number >= 1, got {self.max_running!r}"
+                f"max_running must be a whole number from 1 to {MAX_COUNT:,},"
+                f" got {self.max_running!r}"
             )
         if (
             isinstance(self.weight, bool)

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any, TypeVar
 
-from dtask.exceptions import ChildStopped, LeaseLost
+from dtask.domain.limits import json_bytes
+from dtask.exceptions import ChildStopped, InvalidCheckpoint, LeaseLost
 
 T = TypeVar("T")
 
@@ -43,6 +44,7 @@ class ChildContext:
         stop_requested: Callable[[], bool] = lambda: False,
         lease_lost: Callable[[], bool] = lambda: False,
         template: str = "",
+        max_checkpoint: int | None = None,
     ) -> None:
         self.run_id = run_id
         self.index = index
@@ -61,6 +63,7 @@ class ChildContext:
         self._stop_requested = stop_requested
         self._lease_lost = lease_lost
         self._unsaved: Any = None
+        self._max_checkpoint = max_checkpoint
 
     @property
     def checkpoint_state(self) -> Any:
@@ -72,6 +75,16 @@ class ChildContext:
         ChildStopped (after committing) if the child is asked to stop."""
         if self._lease_lost():
             raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
+        what = f"run {self.run_id} child {self.index}'s checkpoint"
+        try:
+            size = json_bytes(state)
+        except (TypeError, ValueError) as exc:
+            raise InvalidCheckpoint(f"{what} is not JSON: {exc}") from None
+        if self._max_checkpoint is not None and size > self._max_checkpoint:
+            raise InvalidCheckpoint(
+                f"{what} is {size:,} bytes of JSON, over the limit of {self._max_checkpoint:,}"
+                " (DTASK_MAX_CHECKPOINT): keep progress small (an offset, a cursor)"
+            )
         self._writer(state)
         self._state = state
         self._unsaved = None

@@ -35,6 +35,7 @@ MACROS = {
 }
 FIELDS = "minute hour day-of-month month day-of-week, or 6 with seconds first"
 _PROBE = datetime(2000, 1, 1, tzinfo=UTC)
+MAX_EXPRESSION = 200  # dtask_schedules.cron
 STEP_BUDGET = 10_000
 _MINUTE = timedelta(minutes=1)
 _HOUR = timedelta(hours=1)
@@ -66,6 +67,10 @@ class Cron:
     @classmethod
     def parse(cls, expression: str) -> Cron:
         """The cron, or InvalidSchedule naming the expression and its bad field."""
+        if len(expression) > MAX_EXPRESSION:
+            raise InvalidSchedule(
+                f"a cron expression is at most {MAX_EXPRESSION} characters, got {len(expression):,}"
+            )
         cron = cls(expression.strip())
         try:
             CronSim(cron.fields, _PROBE)

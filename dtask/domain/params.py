@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from dtask.domain.limits import text_problem
 from dtask.exceptions import InvalidVariables, TemplateDefinitionError
 
 _PARAM_TYPES: dict[type, str] = {int: "int", float: "float", str: "str", bool: "bool"}
@@ -41,9 +43,14 @@ class Param:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {type(value).__name__} {value!r}"
+                f"variable {name!r} must be {self.type_name}, got {type(value).__name__} {shown}"
             )
+        if self.type is float and not math.isfinite(value):
+            raise InvalidVariables(f"variable {name!r} must be a finite number, got {value!r}")
+        if self.type is str and (problem := text_problem(value)) is not None:
+            raise InvalidVariables(f"variable {name!r} {problem}")
         if self.min is not None and value < self.min:
             raise InvalidVariables(f"variable {name!r} must be >= {self.min}, got {value!r}")
         if self.max is not None and value > self.max:
@@ -66,8 +73,9 @@ class Param:
                 return float(text)
             return text
         except ValueError:
+            shown = repr(text) if len(text) <= 80 else repr(text[:77]) + "..."
             raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {text!r}"
+                f"variable {name!r} must be {self.type_name}, got {shown}"
             ) from None
 
 

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
+from dtask.domain.limits import text_problem
 from dtask.exceptions import InvalidSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -54,12 +55,18 @@ def policy(kind: type[P], value: str) -> P:
         ) from None
 
 
+ZONE_NAME = 64  # dtask_schedules.timezone
+
+
 def zone(name: str) -> ZoneInfo:
     try:
+        if len(name) > ZONE_NAME or text_problem(name) is not None:
+            raise ValueError(name)
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: e.g. a name too long
         raise InvalidSchedule(
-            f"unknown time zone {name!r} (use an IANA name such as UTC or Europe/Berlin)"
+            f"unknown time zone {name[:ZONE_NAME]!r} (use an IANA name such as UTC or"
+            " Europe/Berlin)"
         ) from None
 
 
@@ -128,6 +135,9 @@ GRACE = 10.0  # seconds late before a slot counts as missed
 CATCH_UP_WINDOW = 86400.0  # how far back misfire catch_up reaches
 MIN_GRACE = 2.0
 MAX_SECONDS = 366 * 86400
+# start and end bounds: far from datetime's year 1 and 9999, which slot arithmetic would cross
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _within(what: str, value: float, low: float, high: float) -> None:
@@ -188,6 +198,11 @@ class Timing:
         for moment in (self.start_at, self.end_at):
             if moment is not None and moment.tzinfo is None:
                 raise InvalidSchedule(f"start and end need a time zone, got {moment.isoformat()}")
+            if moment is not None and not EARLIEST <= moment <= LATEST:
+                raise InvalidSchedule(
+                    f"start and end must lie between {EARLIEST.year} and {LATEST.year - 1},"
+                    f" got {moment.isoformat()}"
+                )
         if self.start_at and self.end_at and self.start_at >= self.end_at:
             raise InvalidSchedule("the schedule's end must come after its start")
 
@@ -357,7 +372,7 @@ def _on_late(text: str | None) -> OnLate | None:
     return None if text is None else on_late_of(text, "schedule")
 
 
-_SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 
 
 @dataclass(frozen=True)
@@ -378,7 +393,7 @@ class Schedule:
 
     def __post_init__(self) -> None:
         for name in (self.name, self.after_schedule):
-            if name is not None and not _SCHEDULE_NAME.match(name):
+            if name is not None and not SCHEDULE_NAME.fullmatch(name):
                 raise InvalidSchedule(
                     f"schedule name {name!r} must be 1-100 letters, digits or _ . -"
                 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -14,13 +14,13 @@ ChildSpec = dict[str, Any]
 
 @runtime_checkable
 class SplitStrategy(Protocol):
-    """Any callable from the rendered skeleton to a list of child kwargs.
+    """Any callable from the rendered skeleton to a list (or any iterable) of child kwargs.
 
     A strategy may also define ``count(rendered) -> int`` so that submit can reject an
     oversized split before anything is written.
     """
 
-    def __call__(self, rendered: Any) -> Sequence[Mapping[str, Any]]: ...
+    def __call__(self, rendered: Any) -> Iterable[Mapping[str, Any]]: ...
 
 
 def check_count(count: int, max_children: int) -> None:
@@ -31,21 +31,43 @@ def check_count(count: int, max_children: int) -> None:
         )
 
 
-def check_specs(specs: Sequence[Mapping[str, Any]], max_children: int) -> list[ChildSpec]:
-    """Specs as plain JSON dicts, or a clear error (too many, empty, not JSON)."""
-    if not isinstance(specs, Sequence) or isinstance(specs, str | bytes):
-        raise InvalidSplit(f"a split must return a list of dicts, got {type(specs).__name__}")
-    if not specs:
-        raise InvalidSplit("the split produced no children: there is nothing to run")
-    check_count(len(specs), max_children)
+def check_specs(
+    specs: Iterable[Mapping[str, Any]], max_children: int, max_spec: int = 65_536
+) -> list[ChildSpec]:
+    """Specs as plain JSON dicts, or a clear error (too many, empty, not JSON, too big). Any
+    iterable is taken, consumed lazily: a generator that would yield ten million specs is
+    stopped at ``max_children + 1``."""
+    if isinstance(specs, str | bytes | Mapping) or not isinstance(specs, Iterable):
+        raise InvalidSplit(
+            "a split must return a list (or another iterable, e.g. a generator) of dicts,"
+            f" got {type(specs).__name__}"
+        )
     checked: list[ChildSpec] = []
     for index, spec in enumerate(specs):
+        if index == max_children:
+            raise TooManyChildren(
+                f"the split yields more than the maximum {max_children:,} children (stopped"
+                " there; use a larger chunk, or raise DTASK_MAX_CHILDREN)"
+            )
         if not isinstance(spec, Mapping) or not all(isinstance(k, str) for k in spec):
-            raise InvalidSplit(f"child spec #{index} must be a dict with str keys, got {spec!r}")
+            raise InvalidSplit(
+                f"child spec #{index} must be a dict with str keys, got {spec!r:.200}"
+            )
         try:
-            checked.append(json.loads(json.dumps(dict(spec))))
+            text = json.dumps(
+                dict(spec), separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
         except (TypeError, ValueError) as exc:
             raise InvalidSplit(f"child spec #{index} is not JSON: {exc}") from None
+        size = len(text.encode())
+        if size > max_spec:
+            raise InvalidSplit(
+                f"child spec #{index} is {size:,} bytes of JSON, over the limit of"
+                f" {max_spec:,} (DTASK_MAX_CHILD_SPEC): pass a reference (a path, a key), not data"
+            )
+        checked.append(json.loads(text))
+    if not checked:
+        raise InvalidSplit("the split produced no children: there is nothing to run")
     return checked
 
 

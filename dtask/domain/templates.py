@@ -195,12 +195,14 @@ class Template:
     def render(self, variables: Mapping[str, Any]) -> JSON:
         return render(self.skeleton, variables)
 
-    def plan(self, variables: Mapping[str, Any], max_children: int) -> list[dict[str, Any]]:
-        """Validate, render and split: the child specs this trigger would run."""
+    def plan(
+        self, variables: Mapping[str, Any], max_children: int, max_spec: int = 65_536
+    ) -> list[dict[str, Any]]:
+        """Validate, render and split: the child specs this trigger would run (a generator
+        split runs as it is consumed: its errors are the split's too)."""
         rendered = self.precheck(variables, max_children)
         with self._user_code("split"):
-            specs = self.split(rendered)
-        return check_specs(specs, max_children)
+            return check_specs(self.split(rendered), max_children, max_spec)
 
     def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
         """Validate and render; reject an oversized split early where the strategy can count."""

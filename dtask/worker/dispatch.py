@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from celery.backends.redis import RedisBackend
+from celery.utils.saferepr import saferepr
 
 from dtask.db import Redispatch, RunRecord
 from dtask.exceptions import BrokerUnavailable
@@ -179,8 +180,13 @@ def _parent_ids() -> dict[str, Any]:
 
 
 def readable(template: str, run_id: int, index: int, spec: dict[str, Any]) -> dict[str, str]:
-    """How a child shows in Flower and the logs: "print_range run 5 child 3", its spec."""
-    return {"argsrepr": f"{template} run {run_id} child {index}", "kwargsrepr": repr(spec)}
+    """How a child shows in Flower and the logs: "print_range run 5 child 3", its spec (cut
+    at Celery's own limit for the reprs it makes: a big spec never travels twice)."""
+    amqp = current().amqp
+    return {
+        "argsrepr": f"{template} run {run_id} child {index}",
+        "kwargsrepr": saferepr(spec, amqp.kwargsrepr_maxsize),
+    }
 
 
 def chord_callback(run_id: int, group_id: str) -> Any:

@@ -53,6 +53,7 @@ from dtask.worker.dispatch import (
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
 from dtask.worker.results import finalize_run, reducer, start_released
+from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
 
@@ -168,7 +169,8 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
                 f"no worker that took run {run.id} knows template {run.template!r} (tried for"
                 f" {bound:g} s; load it on the workers with DTASK_TEMPLATES)"
             ) from None
-        return template.plan(run.variables, settings.max_children)
+        with time_limit(settings.split_timeout, f"the split of template {template.name!r}"):
+            return template.plan(run.variables, settings.max_children, settings.max_child_spec)
 
     deferred = settings.dispatch == "window"  # the dispatcher sends the children
     state = store.runs.split(run_id, plan, wait=wait, deferred=deferred)
@@ -365,6 +367,7 @@ def _run_claimed(
                 ),
                 checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
                 checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
+                max_checkpoint=config.max_checkpoint,
                 lease_lost=beat.lease_lost,
                 stop_requested=lambda: (
                     beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()

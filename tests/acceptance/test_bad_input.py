@@ -50,7 +50,59 @@ def run_count() -> int:
         (["token", "revoke", "987654"], "no token with id 987654"),
         (["worker", "--tier", "gold"], "tier must be one of basic, regular, premium, got 'gold'"),
         (["submit", "print_range", "-v", "n=5", "--tier", "gold"], "invalid choice: 'gold'"),
-        (["status", "abc"], "invalid int value"),
+        (["status", "abc"], "argument run_id: 'abc' is not a run id"),
+        (
+            ["submit", "print_range", "-v", "n=5", "--key", "k" * 301],
+            "the key is 301 characters, over the limit of 300",
+        ),
+        (
+            ["submit", "print_range", "-v", "n=5", "--key", "schedule:nightly:2026-11-24"],
+            "keys starting with 'schedule:' are reserved for schedule slots",
+        ),
+        (["runs", "--limit", "-1"], "argument --limit: '-1' is not a positive whole number"),
+        (["runs", "--limit", "1e20"], "argument --limit: '1e20' is not a positive whole number"),
+        (
+            [
+                "schedule",
+                "add",
+                "x2",
+                "print_range",
+                "-v",
+                "n=1",
+                "--every",
+                "5",
+                "--tz",
+                "A" * 300,
+            ],
+            "unknown time zone 'AAAA",
+        ),
+        (
+            [
+                "schedule",
+                "add",
+                "x3",
+                "print_range",
+                "-v",
+                "n=1",
+                "--every",
+                "5",
+                "--start",
+                "9999-12-31T23:59:59",
+            ],
+            "start and end must lie between 1970 and 8999, got 9999-12-31T23:59:59+00:00",
+        ),
+        (
+            ["schedule", "add", "x4", "print_range", "-v", "n=1", "--cron", "* " * 150],
+            "a cron expression is at most 200 characters, got 300",
+        ),
+        (
+            ["submit", "print_range", "-v", "n=5", "--wait", "--timeout", "nan"],
+            "argument --timeout: 'nan' is not a number of seconds (0 to 31,622,400)",
+        ),
+        (["status", "1", "--watch", "--timeout", "nan"], "argument --timeout: 'nan' is not a"),
+        (["flower", "--port", "70000"], "argument --port: '70000' is not a TCP port (1 to 65,535)"),
+        (["up", "--flower-port", "70000"], "argument --flower-port: '70000' is not a TCP port"),
+        (["schedule", "show", "a\x01b"], "no schedule named 'a\\x01b'"),
         (["frobnicate"], "invalid choice"),
     ],
 )
@@ -63,6 +115,22 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+    assert run_count() == before
+
+
+def test_hostile_values_from_python_are_refused_and_create_nothing(
+    dtask_env: dict[str, str],
+) -> None:
+    before = run_count()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(dtask.InvalidVariables, match="'delay' must be a finite number"):
+            dtask.submit("slow_range", {"n": 5, "delay": bad})
+    with pytest.raises(dtask.InvalidVariables, match="variable 'what' holds a NUL character"):
+        dtask.submit("returns", {"n": 5, "what": "a\x00b"})
+    with pytest.raises(dtask.InvalidVariables, match=r"is 5,242,89\d bytes of JSON, over the lim"):
+        dtask.submit("returns", {"n": 5, "what": "x" * (5 * 1024 * 1024)})
+    with pytest.raises(dtask.InvalidStart, match="the key holds a NUL character"):
+        dtask.submit("print_range", {"n": 5}, key="a\x00b")
     assert run_count() == before
 
 

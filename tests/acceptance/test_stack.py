@@ -207,3 +207,49 @@ def test_flower_shows_a_cancelled_runs_children_in_a_final_state_and_masters_by_
         if t.get("args", "").startswith(f"slow_range run {run.id} key adhoc:")
     ]  # fmt: skip
     assert masters, "the master shows its template, run and key"
+
+
+def test_a_local_flower_without_flower_auth_gets_a_private_password_never_an_open_api(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Flower without a password obeys any web page the operator's browser visits (a
+    cross-site POST to /api/task/revoke): a local Flower gets a generated one instead."""
+    from dtask.local.stack import free_port
+
+    port = free_port(5601)
+    env = {k: v for k, v in dtask_env.items() if k != "DTASK_FLOWER_AUTH"}
+    log = (tmp_path / "flower.log").open("wb")
+    proc = subprocess.Popen(
+        [DTASK, "flower", "--port", str(port)], env=env, cwd=REPO, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    secret = Path(dtask_env["DTASK_HOME"]) / "flower-password"
+    try:
+        wait_for(secret.exists, 30, "the password file")
+        assert secret.stat().st_mode & 0o777 == 0o600
+        auth = "dtask:" + secret.read_text().strip()
+        assert len(auth) > 20
+
+        def answering() -> bool:
+            try:
+                get(url + "/api/workers", auth=auth)
+            except (OSError, ValueError):
+                return False
+            return True
+
+        wait_for(answering, 30, "Flower to answer with the generated password")
+        for method, path in (("GET", "/api/workers"), ("POST", "/api/task/revoke/x?terminate=1")):
+            request = urllib.request.Request(
+                url + path, method=method, data=b"" if method == "POST" else None
+            )
+            request.add_header("Origin", "https://evil.example")
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            refused.value.close()
+            assert refused.value.code in (401, 403), (method, path)  # never obeyed
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+        log.close()
+    assert secret.read_text().strip() not in (tmp_path / "flower.log").read_text()

@@ -325,3 +325,34 @@ def hanging_reduce(ctx: dtask.ChildContext, a: int, b: int) -> int:
     with _sink(ctx).open("a") as out:
         out.write(f"{a}..{b}\n")
     return b - a + 1
+
+
+@dtask.template(
+    "endless_split",
+    params={"n": int},
+    skeleton={"n": "${n}"},
+    split=lambda r: ({"a": i} for i in __import__("itertools").count()),
+)
+def endless_split(ctx: dtask.ChildContext, a: int) -> None:
+    """Its split is a generator that never ends: dtask stops it past DTASK_MAX_CHILDREN."""
+
+
+@dtask.template(
+    "hanging_split",
+    params={"n": int},
+    skeleton={"n": "${n}"},
+    split=lambda r: __import__("time").sleep(3600) or [{"a": 1}],
+)
+def hanging_split(ctx: dtask.ChildContext, a: int) -> None:
+    """Its split never returns: DTASK_SPLIT_TIMEOUT fails the run."""
+
+
+@dtask.template(
+    "big_checkpoint",
+    params={"kb": int},
+    skeleton={"kb": "${kb}"},
+    split=lambda r: [{"kb": r["kb"]}],
+    max_attempts=1,
+)
+def big_checkpoint(ctx: dtask.ChildContext, kb: int) -> None:
+    ctx.checkpoint({"blob": "x" * (kb * 1024)})

@@ -31,7 +31,8 @@ def test_bad_rates_say_what_a_rate_looks_like(text: str) -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_running": 0}, "max_running must be a whole number >= 1"),
+        ({"max_running": 0}, "max_running must be a whole number from 1 to 2,147,483,647"),
+        ({"max_running": 2**31}, "max_running must be a whole number from 1 to"),
         ({"weight": 0}, "weight must be a number above 0"),
         ({"weight": True}, "weight must be a number above 0"),
         ({"max_priority": 10}, r"max_priority must be a whole number from 0 \(lowest\) to 9"),

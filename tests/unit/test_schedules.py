@@ -217,7 +217,12 @@ def test_a_bad_cron_field_reads_as_one_actionable_line() -> None:
         ({"every": 5, "catch_up_window": float("inf")}, "window must be 1 to"),
         ({"every": 5, "catch_up_window": 0}, "window must be 1 to"),
         ({"cron": "0 0 1 1 *", "start": datetime(9999, 6, 1, tzinfo=UTC)},
-         "never fires within its start and end"),  # 10000-01-01 is past datetime's range
+         "start and end must lie between 1970 and 8999"),  # slot arithmetic would overflow
+        ({"every": 5, "end": datetime(9999, 12, 31, 23, 59, tzinfo=UTC)},
+         "start and end must lie between 1970 and 8999, got 9999-12-31T23:59:00"),
+        ({"every": 5, "tz": "A" * 300}, "unknown time zone 'AAAA"),
+        ({"every": 5, "tz": "Europe/\x00"}, "unknown time zone"),
+        ({"cron": "* " * 150}, "a cron expression is at most 200 characters, got 300"),
         ({"cron": "0 0 1 1 *", "start": utc("2027-01-02T00:00"),
           "end": utc("2027-12-31T00:00")}, "never fires within its start and end"),
         ({"every": 5, "start": utc("2027-01-01T00:00"), "end": utc("2026-01-01T00:00")},

@@ -95,6 +95,27 @@ def test_heartbeat_defaults_to_a_quarter_of_the_lease(env: Env) -> None:
             "DTASK_RESULT_BACKEND='redis' must be a URL, e.g. redis://host:6379/1",
         ),
         ({"DTASK_FLOWER_AUTH": "admin"}, "DTASK_FLOWER_AUTH must be user:password"),
+        ({"DTASK_FLOWER_AUTH": "user:"}, "DTASK_FLOWER_AUTH must be user:password (both non"),
+        ({"DTASK_FLOWER_AUTH": ":"}, "DTASK_FLOWER_AUTH must be user:password (both non"),
+        ({"DTASK_FLOWER_AUTH": "a:b,c"}, "DTASK_FLOWER_AUTH must be one user:password without"),
+        ({"DTASK_REAPER_INTERVAL": "inf"}, "DTASK_REAPER_INTERVAL='inf' must be a finite number"),
+        (
+            {"DTASK_DATABASE_URL": "mysql://u@h/d"},
+            "DTASK_DATABASE_URL='mysql://u@h/d' must be a PostgreSQL URL",
+        ),
+        ({"DTASK_DATABASE_URL": "::::"}, "DTASK_DATABASE_URL='::::' must be a URL, e.g. postgr"),
+        (
+            {"DTASK_DATABASE_URL": "postgresql://u@h:99999/d"},
+            "DTASK_DATABASE_URL='postgresql://u@h:99999/d' has a bad port '99999' (1 to 65535)",
+        ),
+        ({"DTASK_BROKER_URL": "redis://h:0/1"}, "DTASK_BROKER_URL='redis://h:0/1' has a bad port"),
+        ({"DTASK_TEMPLATES": ".rel"}, "DTASK_TEMPLATES='.rel' names '.rel', which is not a"),
+        ({"DTASK_TEMPLATES": "a/b.py"}, "DTASK_TEMPLATES='a/b.py' names 'a/b.py', which is not"),
+        (
+            {"DTASK_SPLIT_TIMEOUT": "90"},
+            "DTASK_SPLIT_TIMEOUT (90) must be below DTASK_DB_IDLE_IN_TRANSACTION_TIMEOUT (60)",
+        ),
+        ({"DTASK_MAX_VARIABLES": "1"}, "DTASK_MAX_VARIABLES='1' must be >= 2"),
         (
             {"DTASK_LEASE_TT": "5"},
             "DTASK_LEASE_TT is not a dtask setting (did you mean DTASK_LEASE_TTL?)",
@@ -239,10 +260,12 @@ def test_dtask_config_with_a_bad_setting_exits_2_with_one_line(
     assert captured.err == "dtask: error: DTASK_MAX_CHILDREN='lots' must be a valid integer\n"
 
 
-def test_flower_needs_a_password_beyond_loopback(env: Env) -> None:
+def test_flower_needs_a_password_beyond_loopback(env: Env, tmp_path: Path) -> None:
     from dtask.local.stack import flower_auth
 
-    assert flower_auth("127.0.0.1") is None
+    env(DTASK_HOME=str(tmp_path))
+    generated = flower_auth("127.0.0.1")  # on loopback: one made for it, kept in the state folder
+    assert generated.startswith("dtask:") and flower_auth("127.0.0.1") == generated
     with pytest.raises(ConfigurationError, match="without a password"):
         flower_auth("0.0.0.0")
     env(DTASK_FLOWER_AUTH="admin:p@ss:w/rd")
@@ -289,3 +312,51 @@ def test_shared_and_embedded_services_do_not_mix(
     else:
         assert problem is not None and problem.startswith(mixed)
         assert "set all three" in problem
+
+
+SETTING_TEXT = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["inf", "-inf", "nan", "1e400", "-1", "0", "1e-9", "99999999999999999999"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.integers().map(str),
+    st.from_regex(r"[a-z+]{1,8}://[^/]{0,12}(:[0-9]{0,7})?/?.{0,6}", fullmatch=True),
+)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(DOCUMENTED)), SETTING_TEXT, max_size=4))
+def test_any_settings_load_or_fail_in_one_line(values: dict[str, str]) -> None:
+    """Whatever the environment holds: Settings, or one ConfigurationError line; never
+    another exception, never a non-finite number or an impossible port accepted."""
+    assume(all("\x00" not in v for v in values.values()))  # no environment holds a NUL
+    saved = dict(os.environ)
+    try:
+        for name in [n for n in os.environ if n.startswith("DTASK_")]:
+            del os.environ[name]
+        os.environ.update(values)
+        try:
+            settings = load()
+        except ConfigurationError as exc:
+            assert "\n" not in str(exc) and str(exc)
+            return
+        for value in settings.model_dump().values():
+            if isinstance(value, float):
+                assert value == value and value not in (float("inf"), float("-inf"))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_settings_come_from_secret_files_where_no_variable_is_set(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "dtask_database_url").write_text("postgresql+psycopg://app:pw@db:5432/dtask\n")
+    (tmp_path / "dtask_broker_url").write_text("redis://:pw@redis:6379/0")
+    env(DTASK_SECRETS_DIR=str(tmp_path))
+    settings = load()
+    assert settings.database_url == "postgresql+psycopg://app:pw@db:5432/dtask"
+    assert settings.broker_url == settings.result_backend == "redis://:pw@redis:6379/0"
+    assert main(["config"]) == 0
+    shown = capsys.readouterr().out
+    assert "app:***@db:5432/dtask  (file)" in shown and "pw@" not in shown
+    env(DTASK_BROKER_URL="redis://other:6379/0")  # a variable wins over a file
+    assert load().broker_url == "redis://other:6379/0"

@@ -1,0 +1,22 @@
+#!/bin/sh
+# PostgreSQL's first start (docker-entrypoint-initdb.d): the roles dtask runs as. dtask_owner
+# owns dtask's tables (it runs `dtask migrate`); dtask_app, which every worker, beat, Flower
+# and API process uses, may read and write rows but not change the schema. The superuser
+# `postgres` is for the operator only.
+set -eu
+psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
+  -v owner="$(cat /run/secrets/dtask_owner_password)" \
+  -v app="$(cat /run/secrets/dtask_app_password)" \
+  -v db="$POSTGRES_DB" <<'SQL'
+CREATE ROLE dtask_owner LOGIN PASSWORD :'owner';
+CREATE ROLE dtask_app LOGIN PASSWORD :'app';
+REVOKE ALL ON DATABASE :"db" FROM PUBLIC;
+GRANT CONNECT ON DATABASE :"db" TO dtask_owner, dtask_app;
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+GRANT USAGE, CREATE ON SCHEMA public TO dtask_owner;
+GRANT USAGE ON SCHEMA public TO dtask_app;
+ALTER DEFAULT PRIVILEGES FOR ROLE dtask_owner IN SCHEMA public
+  GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO dtask_app;
+ALTER DEFAULT PRIVILEGES FOR ROLE dtask_owner IN SCHEMA public
+  GRANT USAGE, SELECT ON SEQUENCES TO dtask_app;
+SQL

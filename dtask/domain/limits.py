@@ -1,0 +1,61 @@
+"""Bounds on what a client may hand dtask: sizes of JSON, lengths and contents of text. Every
+check raises the caller's DtaskError with one line naming the value, the limit and the setting
+that moves it. Pure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dtask.exceptions import DtaskError, InvalidStart
+
+KEY_LENGTH = 300  # dtask_runs.trigger_key
+RESERVED_KEY_PREFIX = "schedule:"  # schedule:<name>:<slot>: a schedule's slots, not a user's
+
+
+def json_bytes(value: Any) -> int:
+    """The size of ``value`` as compact JSON, in UTF-8 bytes."""
+    return len(
+        json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    )
+
+
+def check_json_size(
+    what: str, value: Any, limit: int, setting: str, error: type[DtaskError]
+) -> None:
+    size = json_bytes(value)
+    if size > limit:
+        raise error(f"{what} is {size:,} bytes of JSON, over the limit of {limit:,} ({setting})")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as PostgreSQL text, if it cannot."""
+    if "\x00" in text:
+        return "holds a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 (undecodable bytes)"
+    return None
+
+
+def check_text(what: str, text: str, max_length: int, error: type[DtaskError]) -> str:
+    problem = text_problem(text)
+    if problem is not None:
+        raise error(f"{what} {problem}")
+    if len(text) > max_length:
+        raise error(f"{what} is {len(text):,} characters, over the limit of {max_length:,}")
+    return text
+
+
+def check_key(key: str, where: str) -> str:
+    """A user's trigger key: storable, at most KEY_LENGTH characters, not a schedule's."""
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidStart(f"{where}: the key is empty (leave it out for an ad hoc run)")
+    check_text(f"{where}: the key", key, KEY_LENGTH, InvalidStart)
+    if key.startswith(RESERVED_KEY_PREFIX):
+        raise InvalidStart(
+            f"{where}: keys starting with {RESERVED_KEY_PREFIX!r} are reserved for schedule"
+            " slots (dtask schedule add); use another key"
+        )
+    return key
