@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     max_child_spec: int = Field(65_536, ge=2)  # bytes of JSON of one child's spec (its kwargs)
     max_checkpoint: int = Field(1_048_576, ge=2)  # bytes of JSON of one checkpoint
     split_timeout: float = Field(30.0, gt=0)  # seconds a template's split may take
+    retention: float = Field(30.0, ge=0)  # days a finished run is kept (0: for ever)
     lease_ttl: float = Field(8.0, ge=1.0)
     heartbeat_interval: float = Field(
         default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1
@@ -263,6 +264,10 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         "30",
         "seconds a template's split may take before its run fails (below the idle-in-transaction"
         " timeout)",
+    ),
+    "DTASK_RETENTION": (
+        "30",
+        "days a finished run (with its children) is kept before the reaper prunes it; 0: for ever",
     ),
     "DTASK_LEASE_TTL": ("8", "seconds a child's lease lasts without a heartbeat"),
     "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dtask.cli import api, children, clients, graph, runs, schedules, services
+from dtask.cli import api, children, clients, graph, prune, runs, schedules, services
 from dtask.cli.base import Parser
 from dtask.exceptions import DtaskError
 
@@ -18,7 +18,7 @@ from dtask.exceptions import DtaskError
 def parser() -> argparse.ArgumentParser:
     top = Parser(prog="dtask", description=__doc__)
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for noun in (runs, children, graph, schedules, clients, services, api):
+    for noun in (runs, children, graph, schedules, clients, services, prune, api):
         noun.register(sub)
     return top
 

@@ -52,7 +52,7 @@ def number(text: str | None, kind: type[N], option: str, error: type[DtaskError]
         raise error(f"{option} expects {what}, got {text!r}") from None
 
 
-def _bounded(kind: type[N], low: N, high: N, what: str) -> Callable[[str], N]:
+def bounded(kind: type[N], low: N, high: N, what: str) -> Callable[[str], N]:
     """An argparse type: ``kind`` from ``low`` to ``high`` (finite), else one line, exit 2."""
 
     def convert(text: str) -> N:
@@ -73,10 +73,10 @@ def _shown(bound: float) -> str:
 
 
 BIGINT = 2**63 - 1
-port = _bounded(int, 1, 65_535, "a TCP port")
-run_id = _bounded(int, 1, BIGINT, "a run id")
-token_id = _bounded(int, 1, BIGINT, "a token id")
-child_index = _bounded(int, 0, 2**31 - 1, "a child's index")
-limit = _bounded(int, 1, 1_000_000, "a positive whole number")
-timeout = _bounded(float, 0.0, 366 * 86400.0, "a number of seconds")
-processes = _bounded(int, 1, 256, "a number of processes")
+port = bounded(int, 1, 65_535, "a TCP port")
+run_id = bounded(int, 1, BIGINT, "a run id")
+token_id = bounded(int, 1, BIGINT, "a token id")
+child_index = bounded(int, 0, 2**31 - 1, "a child's index")
+limit = bounded(int, 1, 1_000_000, "a positive whole number")
+timeout = bounded(float, 0.0, 366 * 86400.0, "a number of seconds")
+processes = bounded(int, 1, 256, "a number of processes")

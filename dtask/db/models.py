@@ -115,6 +115,11 @@ class RunRow(Base):
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
         Index("ix_dtask_runs_id_waiting", "id", postgresql_where=text("state = 'waiting'")),
+        Index(
+            None,
+            "finished_at",
+            postgresql_where=text("state IN ('succeeded', 'failed', 'cancelled')"),
+        ),
         Index(None, "schedule", "slot", postgresql_where=text("schedule IS NOT NULL")),
         Index(None, "client", "created_at"),
         Index(None, "deadline", postgresql_where=text("late IS NULL AND deadline IS NOT NULL")),

@@ -19,6 +19,7 @@ from dtask.domain.deps import blocking, start_state
 from dtask.domain.runs import RunState, outcome, sources
 from dtask.exceptions import (
     DtaskError,
+    NothingToRerun,
     RunNotFound,
     UnknownTemplate,
     UpstreamFailed,
@@ -251,6 +252,14 @@ class RunStore(RunInserts):
                     )
                 self._set_run_state(conn, run_id, state)
                 return state
+            kept = conn.execute(
+                sql("SELECT count(*) FROM dtask_children WHERE run_id = :id"), {"id": run_id}
+            ).scalar_one()
+            if kept < run.child_total:
+                raise NothingToRerun(
+                    f"run {run_id} is being pruned (finished longer ago than DTASK_RETENTION):"
+                    " nothing to rerun; submit it again"
+                )
             conn.execute(
                 sql(
                     "UPDATE dtask_children SET state = 'pending', attempt = 0, error = NULL,"

@@ -16,6 +16,7 @@ from dtask.db.leases import LeaseStore
 from dtask.db.metrics import MetricsStore
 from dtask.db.notify import NotifyStore
 from dtask.db.recovery import RecoveryStore
+from dtask.db.retention import RetentionStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
 from dtask.db.tokens import TokenStore
@@ -43,3 +44,4 @@ class Store:
         self.counters = CounterStore(self.db)
         self.metrics = MetricsStore(self.db)
         self.leases = LeaseStore(self.db)
+        self.retention = RetentionStore(self.db)

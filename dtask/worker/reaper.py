@@ -192,7 +192,30 @@ def reap_once() -> Pass:
         if budget.left() and LostMessages.due(config.stall_timeout):
             lost = partial(_resend, store, config, budget, sender)
             resent = guard("re-sending lost messages", None, lost) or 0
+        if budget.left() and config.retention and Pruning.due():
+            guard("pruning old runs", None, partial(_prune, store, config.retention, budget))
         return Pass(True, finalized, expired, unstuck, resent)
+
+
+class Pruning:
+    """When this process's reaper next looks for runs past DTASK_RETENTION: soon again while
+    it finds some (a pass prunes only what its time left allows), else in ten minutes."""
+
+    next_at = float("-inf")
+
+    @classmethod
+    def due(cls) -> bool:
+        return time.monotonic() >= cls.next_at
+
+
+def _prune(store: Store, retention_days: float, budget: Budget) -> None:
+    pruned = store.retention.prune(retention_days * 86400, keep_going=budget.left)
+    Pruning.next_at = time.monotonic() + (1 if pruned.runs or pruned.children else 600)
+    if pruned.runs or pruned.children:
+        log.info(
+            "reaper: pruned %s run(s) and %s child(ren) finished over %g day(s) ago"
+            " (DTASK_RETENTION)", pruned.runs, pruned.children, retention_days,
+        )  # fmt: skip
 
 
 _handed: dict[int, float] = {}  # run -> when its finalize was last handed to a pool
