@@ -4,10 +4,13 @@
 # and API process uses, may read and write rows but not change the schema. The superuser
 # `postgres` is for the operator only.
 set -eu
+# the passwords reach psql through its environment, not its command line (ps shows that)
+DTASK_OWNER_PASSWORD="$(cat /run/secrets/dtask_owner_password)" \
+DTASK_APP_PASSWORD="$(cat /run/secrets/dtask_app_password)" \
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
-  -v owner="$(cat /run/secrets/dtask_owner_password)" \
-  -v app="$(cat /run/secrets/dtask_app_password)" \
   -v db="$POSTGRES_DB" <<'SQL'
+\getenv owner DTASK_OWNER_PASSWORD
+\getenv app DTASK_APP_PASSWORD
 CREATE ROLE dtask_owner LOGIN PASSWORD :'owner';
 CREATE ROLE dtask_app LOGIN PASSWORD :'app';
 REVOKE ALL ON DATABASE :"db" FROM PUBLIC;

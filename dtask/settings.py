@@ -400,6 +400,8 @@ def load() -> Settings:
         problems = [_problem(e) for e in errors] + problems
     except SettingsError as exc:
         problems = [str(exc), *problems]
+    except OSError as exc:  # a secret file this process may not read
+        problems = [f"cannot read a setting's file in {secrets}: {exc.strerror}", *problems]
     if problems:
         raise ConfigurationError("; ".join(problems))
     return settings

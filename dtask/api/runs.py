@@ -13,6 +13,7 @@ from dtask.api.auth import Caller
 from dtask.api.errors import Refused
 from dtask.api.waiting import waits
 from dtask.client.runs import get_run, submit
+from dtask.domain.deps import MAX_UPSTREAMS
 from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
 from dtask.exceptions import RunNotFound, UpstreamNotFound
@@ -35,9 +36,11 @@ class RunRequest(BaseModel):
     on_late: str | None = None
     execution_cap: float | None = None
     client: str | None = Field(None, description="admin tokens only; default the token's client")
-    after: list[int] | None = Field(None, description="ids of runs it waits for (to succeed)")
+    after: list[int] | None = Field(
+        None, max_length=MAX_UPSTREAMS, description="ids of runs it waits for (to succeed)"
+    )
     after_keys: list[str] | None = Field(
-        None, description="trigger keys of runs it waits for, as `after`"
+        None, max_length=MAX_UPSTREAMS, description="trigger keys of runs it waits for"
     )
     notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
 
@@ -55,17 +58,14 @@ def _visible(token: Token, run_id: int) -> RunStatus:
 
 
 def _upstreams(token: Token, body: RunRequest) -> list[int | str]:
-    """The runs named in ``after`` and ``after_keys``; another client's run is answered as one
-    that does not exist."""
+    """The runs named in ``after`` and ``after_keys``, checked in one query; one that does
+    not exist and another client's are answered alike."""
     after: list[int | str] = [*(body.after or []), *(body.after_keys or [])]
     if after and not token.admin:
-        store = services.store()
-        ids = store.runs.ids_by_key(body.after_keys) if body.after_keys else {}
-        for run_id in [*(body.after or []), *ids.values()]:
-            try:
-                _visible(token, run_id)
-            except RunNotFound:
-                raise UpstreamNotFound(f"after: no run with id {run_id}") from None
+        owners = services.store().runs.clients_of(body.after or [], body.after_keys or [])
+        for named in after:
+            if named not in owners or not token.sees(owners[named]):
+                raise UpstreamNotFound(f"after: no run {named!r} (by id or trigger key) of yours")
     return after
 
 

@@ -60,7 +60,7 @@ def bounded(kind: type[N], low: N, high: N, what: str) -> Callable[[str], N]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what}") from None
-        if not (math.isfinite(value) and low <= value <= high):
+        if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
             bounds = f"{_shown(low)} to {_shown(high)}"
             raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {what} ({bounds})")
         return value

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dtask.cli.base import EXIT_OK, bounded
+from dtask.exceptions import ConfigurationError
 
 days = bounded(float, 0.0, 36_500.0, "a number of days")
 
@@ -29,9 +30,13 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     from dtask import services
     from dtask.db.retention import Pruned
 
-    older = (
-        args.older_than if args.older_than is not None else services.current().settings.retention
-    )
+    older = args.older_than
+    if older is None:
+        older = services.current().settings.retention
+        if not older:
+            raise ConfigurationError(
+                "DTASK_RETENTION is 0 (runs are kept for ever): say how old with --older-than DAYS"
+            )
     store = services.store().retention
     age = older * 86400
     if args.dry_run:

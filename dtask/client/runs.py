@@ -226,9 +226,13 @@ def submit(
             shown = f"{tpl.name} run {run_id} key {record.key}"
             send_master(run_id, countdown=record.starts_in, shown=shown)
         except BrokerUnavailable as exc:
-            if created:
-                store.runs.forget_unsent(run_id)
+            if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
+            if created:
+                raise BrokerUnavailable(
+                    f"{exc}; run {run_id} stays (a run was submitted after it) and starts when"
+                    " the broker is back"
+                ) from None
             raise
     return Run(run_id, created=created)
 

@@ -113,12 +113,24 @@ def release(conn: Connection, candidates: Sequence[int]) -> list[int]:
 
 def fail_downstream(conn: Connection, run_id: int, state: RunState) -> int:
     """Fail the waiting runs after ``run_id`` (which failed or was cancelled), then theirs,
-    level by level; the number failed. Each names the upstream it waited for."""
-    failed, frontier, cause = 0, [run_id], state
-    while frontier:
-        locked = _waiting_dependents(conn, frontier)
-        if not locked:
-            break
+    level by level; the number failed. Each names the upstream it waited for. The whole
+    waiting downstream is locked first, in id order, as every settle locks: two of them never
+    wait on each other in a cycle."""
+    locked = [
+        int(r.id)
+        for r in conn.execute(
+            sql(
+                "WITH RECURSIVE down(id) AS ("
+                " SELECT run_id FROM dtask_run_deps WHERE upstream_id = :id"
+                " UNION SELECT d.run_id FROM dtask_run_deps d JOIN down ON d.upstream_id = down.id)"
+                " SELECT id FROM dtask_runs WHERE state = 'waiting'"
+                " AND id IN (SELECT id FROM down) ORDER BY id FOR UPDATE"
+            ),
+            {"id": run_id},
+        )
+    ]
+    failed, frontier = 0, [run_id]
+    while frontier and locked:
         rows = conn.execute(
             sql(
                 "UPDATE dtask_runs r SET state = 'failed', error = CASE"
@@ -132,7 +144,7 @@ def fail_downstream(conn: Connection, run_id: int, state: RunState) -> int:
                 "ups": frontier,
                 "locked": locked,
                 "origin": run_id,
-                "first": upstream_error(run_id, cause),
+                "first": upstream_error(run_id, state),
             },
         ).all()
         frontier = [int(r.id) for r in rows]

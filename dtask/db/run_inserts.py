@@ -173,9 +173,15 @@ class RunInserts(RunReads):
             {"key": key},
         ).first()
 
-    def forget_unsent(self, run_id: int) -> None:
-        """Undo create_run when its master message could not be sent (no half-created run)."""
+    def forget_unsent(self, run_id: int) -> bool:
+        """Undo create_run when its master message could not be sent (no half-created run);
+        False if a run submitted after it meanwhile keeps it (the reaper starts it later)."""
         with self.db.tx() as conn:
-            conn.execute(
-                sql("DELETE FROM dtask_runs WHERE id = :id AND state = 'pending'"), {"id": run_id}
+            gone = conn.execute(
+                sql(
+                    "DELETE FROM dtask_runs WHERE id = :id AND state = 'pending' AND NOT EXISTS"
+                    " (SELECT 1 FROM dtask_run_deps WHERE upstream_id = :id)"
+                ),
+                {"id": run_id},
             )
+        return gone.rowcount == 1

@@ -89,6 +89,21 @@ class RunReads:
             raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
         return Graph(run_id, nodes, up, down)
 
+    def clients_of(self, ids: Sequence[int], keys: Sequence[str]) -> dict[int | str, str]:
+        """The client of each run named by id or trigger key (those that exist)."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "SELECT id, trigger_key, client FROM dtask_runs"
+                    " WHERE id = ANY(:ids) OR trigger_key = ANY(:keys)"
+                ),
+                {"ids": list(ids), "keys": list(keys)},
+            ).all()
+        found: dict[int | str, str] = {}
+        for r in rows:
+            found[int(r.id)] = found[r.trigger_key] = r.client
+        return found
+
     def ids_by_key(self, keys: Sequence[str]) -> dict[str, int]:
         """The runs those trigger keys triggered (UpstreamNotFound names a key that none did)."""
         with self.db.tx() as conn:

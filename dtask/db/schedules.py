@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Row, text
@@ -161,8 +161,8 @@ class ScheduleStore:
             now = conn.execute(text("SELECT now()")).scalar_one()
             rows = conn.execute(
                 text(
-                    f"SELECT {_COLUMNS}, coalesce(r.state IN ('pending', 'splitting',"
-                    " 'running'), false) AS previous_running FROM dtask_schedules s"
+                    f"SELECT {_COLUMNS}, coalesce(r.state IN ('waiting', 'pending',"
+                    " 'splitting', 'running'), false) AS previous_running FROM dtask_schedules s"
                     " LEFT JOIN dtask_runs r ON r.id = s.last_run_id WHERE s.enabled"
                     " ORDER BY s.id FOR UPDATE OF s SKIP LOCKED"
                 )
@@ -270,15 +270,24 @@ def _check_upstream(conn: Connection, name: str, upstream: str) -> None:
 
 
 def _decided_upstream(conn: Connection, upstream: str | None, now: datetime) -> datetime:
-    """How far a schedule that runs after ``upstream`` may be decided: as far as the upstream
-    is (so the upstream's slot run exists or was skipped), or ``now`` if it is gone or paused."""
+    """How far a schedule that runs after ``upstream`` may be decided: up to just before the
+    upstream's next undecided slot (so the upstream's slot run at or before it exists, or was
+    skipped), or ``now`` if that slot is later, or the upstream is gone, paused or unreadable."""
     if upstream is None:
         return now
     row = conn.execute(
-        text("SELECT decided_until, enabled FROM dtask_schedules WHERE name = :name"),
-        {"name": upstream},
+        text(f"SELECT {_COLUMNS} FROM dtask_schedules s WHERE s.name = :name"), {"name": upstream}
     ).first()
-    return min(now, row.decided_until) if row is not None and row.enabled else now
+    if row is None or not row.enabled:
+        return now
+    try:
+        waiting = _schedule(row).timing.next_slot(row.decided_until)
+    except DtaskError:
+        return now
+    if waiting is None or waiting > now:
+        return now
+    decided: datetime = row.decided_until
+    return max(decided, waiting - timedelta(microseconds=1))
 
 
 def _after_upstream_slot(conn: Connection, run: NewRun, upstream: str | None) -> NewRun:

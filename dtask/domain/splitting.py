@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +42,15 @@ def check_specs(
             "a split must return a list (or another iterable, e.g. a generator) of dicts,"
             f" got {type(specs).__name__}"
         )
+    try:
+        return _checked(iter(specs), max_children, max_spec)
+    finally:
+        close = getattr(specs, "close", None)
+        if callable(close):  # a generator stopped early runs its cleanup now, not at GC
+            close()
+
+
+def _checked(specs: Iterator[Any], max_children: int, max_spec: int) -> list[ChildSpec]:
     checked: list[ChildSpec] = []
     for index, spec in enumerate(specs):
         if index == max_children:

@@ -74,20 +74,25 @@ def flower_password_file(home: Path) -> Path:
 
 
 def local_flower_password(home: Path) -> str:
-    """The local Flower's password: made once, readable by this user only."""
+    """The local Flower's password: made once (the first of two processes starting at once
+    wins, atomically: the file is never seen empty), readable by this user only."""
     path = flower_password_file(home)
-    home.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        os.chmod(path, 0o600)
-        password = path.read_text().strip()
-        if password:
-            return password
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    with os.fdopen(fd, "w") as out:
-        password = secrets.token_urlsafe(18)
-        out.write(password + "\n")
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        made = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(18) + "\n")
+        try:
+            os.link(made, path)
+        except FileExistsError:
+            pass  # another process made it first: theirs is the password
+        finally:
+            made.unlink()
+    os.chmod(path, 0o600)
+    password = path.read_text().strip()
+    if not password:
+        raise ConfigurationError(f"{path} is empty: remove it, and a new password is made")
     return password
 
 

@@ -179,7 +179,9 @@ def reap_once() -> Pass:
             released = guard("settling waiting runs", None, recovery.settle_waiting) or []
             for run_id in released:
                 log.warning("reaper: run %s released: its upstreams succeeded unsettled", run_id)
-            start_released(None, released, lambda: sender.producer)
+            if released:
+                start = partial(start_released, None, released, lambda: sender.producer)
+                guard("starting released runs", None, start)
         if budget.left():
             for late in guard("deciding runs past their deadline", None, recovery.take_late) or []:
                 log.warning(

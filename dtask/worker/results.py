@@ -12,7 +12,6 @@ from dtask.db import RunRecord, Store
 from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
-from dtask.exceptions import DtaskError
 from dtask.worker.dispatch import send_master
 
 log = logging.getLogger("dtask.worker")
@@ -47,7 +46,7 @@ def start_released(
     for run_id in released:
         try:
             send_master(run_id, through=producer() if producer is not None else None)
-        except DtaskError as exc:
+        except Exception as exc:  # a broker error included: the run is pending, safe to leave
             log.warning("run %s: released, its master not sent (the reaper will): %s", run_id, exc)
         else:
             after = f" after run {upstream}" if upstream is not None else ""

@@ -288,7 +288,12 @@ def test_a_run_submitted_after_others_over_http_waits_and_names_them(
         refused = call(api, "POST", "/runs", a, {**after, **body})
         assert refused.status == 422, refused.body
     theirs = call(api, "POST", "/runs", b, {**after, "after": [up.body["id"]]})
-    assert theirs.status == 422 and theirs.body["error"] == f"after: no run with id {up.body['id']}"
+    assert theirs.status == 422, theirs.body
+    assert theirs.body["error"] == f"after: no run {up.body['id']} (by id or trigger key) of yours"
+    by_key = call(api, "POST", "/runs", b, {**after, "after_keys": [up.body["key"]]})
+    assert (
+        by_key.body["error"] == f"after: no run {up.body['key']!r} (by id or trigger key) of yours"
+    )
     assert run_count() == before
     done = call(api, "GET", f"/runs/{down.body['id']}?wait=120", a)
     assert (done.body["state"], done.body["waiting_for"]) == ("succeeded", [])

@@ -25,7 +25,8 @@ def role_sql(db: str, suffix: str) -> str:
     """The script's SQL with its psql variables filled in (and role names made unique)."""
     body = re.search(r"<<'SQL'\n(.*?)\nSQL\n", SCRIPT.read_text(), re.S)
     assert body is not None
-    sql = body.group(1).replace(":'owner'", "'o-pw'").replace(":'app'", "'a-pw'")
+    statements = [line for line in body.group(1).splitlines() if not line.startswith("\\")]
+    sql = "\n".join(statements).replace(":'owner'", "'o-pw'").replace(":'app'", "'a-pw'")
     sql = sql.replace(':"db"', f'"{db}"')
     return sql.replace("dtask_owner", f"dtask_owner_{suffix}").replace(
         "dtask_app", f"dtask_app_{suffix}"

@@ -14,8 +14,10 @@ import pytest
 
 from dtask import services
 from dtask.db import Claim, Store
+from dtask.db.database import sql
 from dtask.domain.runs import RunState
 from dtask.exceptions import KeyConflict, UpstreamFailed, UpstreamNotFound
+from tests.support.db import wait_for
 
 
 @pytest.fixture
@@ -173,8 +175,6 @@ def test_the_reaper_settles_a_waiting_run_nobody_settled(store: Store) -> None:
     ok, bad = create(store, (up,)), create(store, (failing,))
     below = create(store, (bad,))
     with store.runs.db.tx() as conn:
-        from dtask.db.database import sql
-
         conn.execute(sql("UPDATE dtask_runs SET state = 'succeeded' WHERE id = :id"), {"id": up})
         conn.execute(sql("UPDATE dtask_runs SET state = 'failed' WHERE id = :id"), {"id": failing})
     assert ok in store.recovery.settle_waiting()
@@ -191,3 +191,86 @@ def test_graph_of_a_diamond(store: Store) -> None:
     assert {k: sorted(v) for k, v in graph.upstream.items()} == {d: [b, c], b: [a], c: [a]}
     assert sorted(map(tuple, graph.as_json()["edges"])) == sorted([(b, a), (c, a), (d, b), (d, c)])
     assert store.runs.graph(a).downstream[a] and set(store.runs.graph(a).downstream[a]) == {b, c}
+
+
+def test_failing_a_downstream_while_its_middle_is_being_cancelled_never_deadlocks(
+    store: Store,
+) -> None:
+    """X <- B <- C <- D, and D after X too. A cancel of C holds C and then wants D; failing X
+    must not hold D while it waits for C: the whole waiting downstream is locked in id order."""
+    x = running(store)
+    b = create(store, (x,))
+    c = create(store, (b,))
+    d = create(store, (c, x))
+    errors: list[BaseException] = []
+
+    def fail_x() -> None:
+        try:
+            finish(store, x, ok=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with store.db.engine.connect() as cancel:  # what a cancel of C holds, then wants
+        with cancel.begin():
+            cancel.execute(sql("SELECT 1 FROM dtask_runs WHERE id = :c FOR UPDATE"), {"c": c})
+            failing = threading.Thread(target=fail_x)
+            failing.start()
+            wait_for(lambda: lock_waiters(store) > 0, 30, "failing X to wait for C's lock")
+            cancel.execute(sql("SELECT 1 FROM dtask_runs WHERE id = :d FOR UPDATE"), {"d": d})
+        failing.join(60)
+    assert errors == []
+    assert [state(store, r) for r in (b, c, d)] == [RunState.FAILED] * 3
+
+
+def lock_waiters(store: Store) -> int:
+    with store.db.tx() as conn:
+        return int(
+            conn.execute(
+                sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_run_others_wait_for_is_not_forgotten_when_its_master_cannot_be_sent(
+    store: Store,
+) -> None:
+    up = create(store)
+    down = create(store, (up,))
+    assert store.runs.forget_unsent(up) is False  # kept: the reaper starts it later
+    assert state(store, up) is RunState.PENDING and state(store, down) is RunState.WAITING
+    alone = create(store)
+    assert store.runs.forget_unsent(alone) is True
+
+
+def test_a_schedule_after_one_of_another_cadence_is_decided_up_to_its_next_slot(
+    store: Store,
+) -> None:
+    """extract at 02:00 and load at 03:00 after it: load's slot must not wait for extract's
+    next slot a day later, only for a due one."""
+    from datetime import timedelta
+
+    from dtask.client.schedules import add_schedule, remove_schedule
+    from dtask.db.schedules import _decided_upstream
+
+    services.load_templates()
+    name = f"up-{uuid.uuid4().hex[:6]}"
+    add_schedule(name, "print_range", {"n": 1}, every=3600)
+    try:
+        with store.db.tx() as conn:
+            now = conn.execute(sql("SELECT now()")).scalar_one()
+            assert _decided_upstream(conn, name, now) == now  # its next slot is later
+            conn.execute(
+                sql(
+                    "UPDATE dtask_schedules SET decided_until = now() - interval '2 hours'"
+                    " WHERE name = :n"
+                ),
+                {"n": name},
+            )
+            held = _decided_upstream(conn, name, now)
+            assert now - timedelta(hours=2) < held < now  # just before its due, undecided slot
+            assert held.minute == 59 and held.second == 59
+    finally:
+        remove_schedule(name)
