@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,14 @@ def get(url: str, auth: str | None = AUTH) -> Any:
         raise
 
 
+def answers(url: str, auth: str) -> bool:
+    try:
+        get(url + "/api/workers", auth=auth)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 @pytest.fixture
 def flower(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
     from dtask.local.stack import free_port
@@ -51,15 +60,8 @@ def flower(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
-    def answering() -> bool:
-        try:
-            get(url + "/api/workers", auth=AUTH)
-        except (OSError, ValueError):
-            return False
-        return True
-
     try:
-        wait_for(answering, 30, "Flower to answer")
+        wait_for(partial(answers, url, AUTH), 30, "Flower to answer")
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -230,15 +232,7 @@ def test_a_local_flower_without_flower_auth_gets_a_private_password_never_an_ope
         assert secret.stat().st_mode & 0o777 == 0o600
         auth = "dtask:" + secret.read_text().strip()
         assert len(auth) > 20
-
-        def answering() -> bool:
-            try:
-                get(url + "/api/workers", auth=auth)
-            except (OSError, ValueError):
-                return False
-            return True
-
-        wait_for(answering, 30, "Flower to answer with the generated password")
+        wait_for(partial(answers, url, auth), 30, "Flower to answer with the generated password")
         for method, path in (("GET", "/api/workers"), ("POST", "/api/task/revoke/x?terminate=1")):
             request = urllib.request.Request(
                 url + path, method=method, data=b"" if method == "POST" else None
