@@ -122,6 +122,16 @@ class RunReads:
             )
         return found
 
+    def state_of(self, run_id: int) -> RunState:
+        """The run's state alone: one row, whatever the number of its children."""
+        with self.db.tx() as conn:
+            state = conn.execute(
+                sql("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
+            ).scalar()
+        if state is None:
+            raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
+        return RunState(state)
+
     def finished_among(self, run_ids: Sequence[int]) -> set[int]:
         """Which of ``run_ids`` have finished (what every long poll of a server waits on, in
         one query)."""

@@ -1,0 +1,57 @@
+"""Waiting on a run reads one row per poll, whatever its size: its children are counted only
+when it ends (or for a progress display, at a rate bounded by the count's own cost)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from dtask import services
+from dtask.client.runs import Run
+from dtask.db import Store
+from dtask.domain.runs import RunStatus
+from dtask.exceptions import WaitTimeout
+
+
+@pytest.fixture
+def counted(dtask_env: dict[str, str]) -> Iterator[list[str]]:
+    """Every statement this process sends that reads the children table."""
+    engine = services.store().engine
+    seen: list[str] = []
+
+    def note(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "dtask_children" in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    yield seen
+    event.remove(engine, "before_cursor_execute", note)
+
+
+def big_run(store: Store, children: int) -> int:
+    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
+    store.runs.dispatch(run_id, lambda run, kids: None)
+    return run_id
+
+
+def test_wait_reads_the_runs_row_not_its_children_on_each_poll(counted: list[str]) -> None:
+    run = Run(big_run(services.store(), 20_000))
+    counted.clear()
+    with pytest.raises(WaitTimeout, match="0/20000 children done"):
+        run.wait(timeout=1.5, poll=0.05)
+    assert len(counted) == 1  # the count in the timeout's message, not one per poll
+
+
+def test_progress_is_counted_at_a_rate_bounded_by_the_counts_cost(counted: list[str]) -> None:
+    run = Run(big_run(services.store(), 50_000))
+    counted.clear()
+    shown: list[RunStatus] = []
+    with pytest.raises(WaitTimeout):
+        run.wait(timeout=1.5, poll=0.05, on_progress=shown.append)
+    assert shown and shown[0].children.total == 50_000
+    assert len(counted) == len(shown) + 1 < 1.5 / 0.05  # fewer counts than polls
