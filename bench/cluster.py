@@ -70,9 +70,15 @@ class Workers:
         return self._spawn(argv, "dtask")
 
     def raw(self, concurrency: int) -> subprocess.Popen[bytes]:
+        stock = os.environ.get("DTASK_BENCH_RAW") == "stock"
+        flags = (
+            ("--without-mingle", "--without-gossip", "--loglevel", "WARNING")
+            if stock
+            else (WORKER_FLAGS)
+        )
         argv = [sys.executable, "-m", "celery", "-A", "bench.raw_app", "worker",
                 "-c", str(concurrency), "-Q", "raw", "-n", f"raw{self.spawned + 1}@%h",
-                *WORKER_FLAGS]  # fmt: skip
+                *flags]  # fmt: skip
         return self._spawn(argv, "raw")
 
     def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:

@@ -10,6 +10,7 @@ Prints a Markdown table (also written to bench/out/deps.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -92,7 +93,7 @@ def main() -> int:
         chain[-1].wait(timeout=3600)
         elapsed = time.monotonic() - started
         _check(store.engine, [r.id for r in chain])
-        gaps = _latencies(store.engine, [(b.id, [a.id]) for a, b in zip(chain, chain[1:])])
+        gaps = _latencies(store.engine, [(b.id, [a.id]) for a, b in itertools.pairwise(chain)])
         rows.append(
             f"| chain of {args.chain} runs | {elapsed:.1f} s ({elapsed / args.chain * 1000:.0f}"
             f" ms per link) | {statistics.median(gaps) * 1000:.0f} ms |"

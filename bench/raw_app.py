@@ -1,8 +1,11 @@
 """The raw Celery baseline: the same trivial children as ``bench_noop``, as a hand-written
-chord, with dtask's Celery settings on the same Redis (its own queue, ``raw``)."""
+chord on the same Redis (its own queue, ``raw``): with dtask's Celery settings, or, with
+DTASK_BENCH_RAW=stock, Celery's own defaults as a user runs it (only the broker and backend set;
+events off, prefetch 4; its worker logs at WARNING)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
@@ -12,8 +15,14 @@ from dtask.worker.config import celery_settings
 
 RAW_QUEUE = "raw"
 
+STOCK = os.environ.get("DTASK_BENCH_RAW") == "stock"
+
 app = Celery("rawbench", set_as_current=False)
-app.conf.update(celery_settings(load()))
+settings = celery_settings(load())
+if STOCK:
+    app.conf.update(broker_url=settings["broker_url"], result_backend=settings["result_backend"])
+else:
+    app.conf.update(settings)
 app.conf.task_default_queue = RAW_QUEUE
 
 

@@ -42,6 +42,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--profile-n", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the harness")
     parser.add_argument(
+        "--baseline",
+        choices=["dtask-settings", "stock"],
+        default="dtask-settings",
+        help="raw Celery with dtask's Celery settings, or with Celery's defaults as users run it",
+    )
+    parser.add_argument(
         "--dispatch",
         choices=["all", "window"],
         default="window",
@@ -71,7 +77,8 @@ class Clock:
 
 def main() -> int:
     args = _args()
-    work = prepare_environment(DTASK_DISPATCH=args.dispatch)
+    extra = {"DTASK_BENCH_RAW": "stock"} if args.baseline == "stock" else {}
+    work = prepare_environment(DTASK_DISPATCH=args.dispatch, **extra)
     from dtask import services
     from dtask.services import embedded
 
