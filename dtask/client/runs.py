@@ -37,6 +37,7 @@ from dtask.exceptions import (
 )
 from dtask.worker import configure
 from dtask.worker.dispatch import send_master
+from dtask.worker.results import forget
 
 
 class Run:
@@ -90,9 +91,11 @@ class Run:
     def cancel(self) -> RunStatus:
         """Cancel: pending children never start; running ones stop at their next checkpoint.
         Idempotent; a run that already succeeded or failed raises NotCancellable."""
-        state = services.store().runs.cancel(self.id)
+        store = services.store()
+        state = store.runs.cancel(self.id)
         if state is not RunState.CANCELLED:
             raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
+        forget(store, self.id)
         return self.status()
 
     def rerun(self) -> RunStatus:

@@ -106,6 +106,24 @@ def _priority(value: int) -> dict[str, int]:
     return {"priority": value} if is_redis(str(current().conf.broker_url)) else {}
 
 
+def forget_chord(group_id: str) -> None:
+    """Delete what the result backend keeps of a finished run's chord (its join list and
+    counters, the callback's result; the children store none) and mark it done, so a
+    straggler's part (a child that was finishing at a cancel) returns without writing."""
+    if not chords():
+        return
+    backend = current().backend
+    keys = [backend.get_key_for_group(group_id, part) for part in (".j", ".t", ".s", ".d")]
+    keys.append(backend.get_key_for_task(f"{group_id}.finalize"))
+    with backend.client.pipeline() as pipe:
+        pipe.delete(*keys)
+        pipe.set(backend.get_key_for_group(group_id, ".c"), "done", ex=STRAGGLERS)
+        pipe.execute()
+
+
+STRAGGLERS = 3600  # seconds a finished chord's done marker stays (Celery's own keeps 300)
+
+
 def chords() -> bool:
     """Whether runs' children go out as a chord: only with Redis's backend, whose chord
     counting dtask's hand-crafted messages feed (a database backend would poll with
@@ -148,7 +166,7 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
                 group_id=c.group_id,
                 group_index=c.index,
                 chord=callback,
-                ignore_result=not chord,  # without a chord no one reads a child's result
+                ignore_result=True,  # the chord still counts it; the outcome is in PostgreSQL
                 reply_to=app.thread_oid,
                 **parent,
                 **readable(c.template, c.run_id, c.index, c.spec),

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from dtask import services
-from dtask.db import RunRecord, Store
+from dtask.db import RunRecord
+from dtask.db.runs import Reducer
 from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
-from dtask.worker.dispatch import send_master
+from dtask.worker.dispatch import forget_chord, send_master
 
 log = logging.getLogger("dtask.worker")
 
@@ -26,15 +27,48 @@ def reducer(run: RunRecord, load: Callable[[], list[Any]]) -> str | None:
     return reduced(tpl.reduce, load(), tpl.name, services.current().settings.max_run_result)
 
 
+class Finalizes(Protocol):
+    def get(self, run_id: int) -> RunRecord: ...
+    def finalize(
+        self,
+        run_id: int,
+        wait: bool = True,
+        reduce: Reducer | None = None,
+        released: list[int] | None = None,
+    ) -> RunState: ...
+
+
+class FinalizingStore(Protocol):
+    @property
+    def runs(self) -> Finalizes: ...
+
+
 def finalize_run(
-    store: Store, run_id: int, wait: bool = True, producer: Callable[[], Any] | None = None
+    store: FinalizingStore,
+    run_id: int,
+    wait: bool = True,
+    producer: Callable[[], Any] | None = None,
+    chord_done: bool = False,
 ) -> RunState:
-    """Finalize the run with its template's reduce (every finalizer goes through here), then
-    wake the masters of the dependents its success released."""
+    """Finalize the run with its template's reduce (every finalizer goes through here), wake
+    the masters of the dependents its success released, and drop what Celery's result
+    backend still keeps of the run's chord (unless ``chord_done``: the last child finalizes
+    before its own part of the chord returns, and Celery cleans up a chord that completes)."""
     released: list[int] = []
     state = store.runs.finalize(run_id, wait=wait, reduce=reducer, released=released)
     start_released(run_id, released, producer)
+    if state.finished and not chord_done:
+        forget(store, run_id)
     return state
+
+
+def forget(store: FinalizingStore, run_id: int) -> None:
+    try:
+        group = store.runs.get(run_id).group_id
+        if group is not None:
+            forget_chord(group)
+    except Exception as exc:  # they expire by themselves (result_expires)
+        log.warning("run %s: its chord's keys in the result backend stay: %s", run_id, exc)
 
 
 def start_released(

@@ -17,8 +17,9 @@ from typing import Any
 from celery.signals import task_revoked
 
 from dtask import services
+from dtask.domain.runs import RunState
 from dtask.worker.dispatch import CHILD, MASTER
-from dtask.worker.results import finalize_run
+from dtask.worker.results import finalize_run, forget
 
 log = logging.getLogger("dtask.worker")
 
@@ -40,7 +41,9 @@ def _on_revoked(
         elif name == MASTER and args:
             run_id = int(args[0])
             log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)
-            services.store().runs.cancel(run_id)
+            store = services.store()
+            if store.runs.cancel(run_id) is RunState.CANCELLED:
+                forget(store, run_id)
     except Exception:  # a revoke must never break the worker's consumer
         log.exception("handling the revoke of %s %s failed", name, getattr(request, "id", "?"))
 

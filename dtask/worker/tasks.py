@@ -52,7 +52,7 @@ from dtask.worker.dispatch import (
 )
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
-from dtask.worker.results import finalize_run, reducer, start_released
+from dtask.worker.results import finalize_run
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
@@ -467,10 +467,8 @@ def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
     left to the chord callback or the reaper."""
     try:
         if not store.children.any_unfinished(run_id):
-            released: list[int] = []
-            state = store.runs.finalize(run_id, reduce=reducer, released=released)
+            state = finalize_run(store, run_id, chord_done=True)
             log.info("run %s finalized by its last child: %s", run_id, state.value)
-            start_released(run_id, released)
     except Exception as exc:  # the child itself succeeded: never fail it for this
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
 
