@@ -96,6 +96,7 @@ class Settings(BaseSettings):
     db_statement_timeout: float = Field(60.0, ge=0.0)
     db_lock_timeout: float = Field(30.0, ge=0.0)
     db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0)
+    db_pool: int = Field(4, ge=2, le=1000)  # connections per engine of a process (docs/security.md)
     flower_auth: SecretStr | None = None
     # Alerts (the monitor in every worker and `dtask serve`): thresholds in seconds.
     idle_alert: float = Field(900.0, gt=0)  # a worker with no child this long: remove it?

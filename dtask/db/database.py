@@ -8,7 +8,13 @@ from functools import lru_cache
 
 from psycopg.errors import IdleInTransactionSessionTimeout
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DataError, InternalError, OperationalError, ProgrammingError
+from sqlalchemy.exc import (
+    DataError,
+    InternalError,
+    OperationalError,
+    ProgrammingError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from dtask.db.engine import unreachable
 from dtask.exceptions import DatabaseUnavailable, DtaskError, InvalidInput
@@ -74,6 +80,12 @@ class Database:
             yield
         except OperationalError as exc:
             raise unreachable(exc, self.engine) from None
+        except PoolTimeout:
+            size = self.engine.pool.size()  # type: ignore[attr-defined]
+            raise DatabaseUnavailable(
+                f"all {size} PostgreSQL connections of this process's pool stayed busy"
+                " (DTASK_DB_POOL): a statement holds one too long, or the pool is too small"
+            ) from None
         except DataError as exc:  # the edges check input; this is the net behind them
             reason = str(exc.orig).splitlines()[0] if exc.orig is not None else str(exc)
             raise InvalidInput(f"PostgreSQL cannot hold a value given: {reason}") from None

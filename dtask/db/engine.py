@@ -13,6 +13,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from dtask.domain.limits import POOL_PROCESS_CONNECTIONS
 from dtask.exceptions import DatabaseUnavailable
 from dtask.settings import Settings
 
@@ -31,6 +32,7 @@ class Limits:
     statement_timeout: float = 60.0
     lock_timeout: float = 30.0
     idle_in_transaction_timeout: float = 60.0
+    connections: int = 4  # per engine: its pool's size, and no overflow beyond it
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -39,7 +41,14 @@ class Limits:
             statement_timeout=settings.db_statement_timeout,
             lock_timeout=settings.db_lock_timeout,
             idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
+            connections=POOL_PROCESS_CONNECTIONS if _pool_process else settings.db_pool,
         )
+
+    @property
+    def pool_wait(self) -> float:
+        """How long a thread waits for a connection of a full pool: as long as a statement of
+        another thread may hold one."""
+        return max(self.statement_timeout, self.lock_timeout, 5.0)
 
     def connect_args(self) -> dict[str, Any]:
         net = self.network_timeout
@@ -63,6 +72,14 @@ class Limits:
 
 _engines: dict[tuple[int, str, bool, bool, Limits], Engine] = {}
 _lock = threading.Lock()
+_pool_process = False
+
+
+def as_pool_process() -> None:
+    """This process is a worker's pool process, which runs one child at a time: its engines
+    keep POOL_PROCESS_CONNECTIONS each (what the connection budget counts on)."""
+    global _pool_process
+    _pool_process = True
 
 
 def engine_for(
@@ -96,8 +113,9 @@ def engine_for(
                 url,
                 pool_pre_ping=not owner,
                 pool_use_lifo=True,  # the hot connection is reused, the spare ones go idle
-                pool_size=4,
-                max_overflow=8,
+                pool_size=limits.connections,
+                max_overflow=0,  # the budget (docs/security.md) counts on this bound
+                pool_timeout=limits.pool_wait,
                 connect_args=connect_args,
                 **options,
             )

@@ -64,6 +64,17 @@ class WorkerStore:
         with self.db.tx() as conn:
             conn.execute(sql("DELETE FROM dtask_workers WHERE name = :name"), {"name": name})
 
+    def server_connections(self) -> tuple[int, int]:
+        """(max_connections, how many of them non-superusers may use)."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(
+                    "SELECT current_setting('max_connections')::int AS most,"
+                    " current_setting('superuser_reserved_connections')::int AS reserved"
+                )
+            ).one()
+        return int(row.most), int(row.most) - int(row.reserved)
+
     def live(self, within: float) -> list[WorkerInfo]:
         """Workers seen in the last ``within`` seconds, by name (read only: the dispatcher
         asks on every pass)."""

@@ -10,6 +10,8 @@ from typing import Any
 from dtask.exceptions import DtaskError, InvalidStart
 
 KEY_LENGTH = 300  # dtask_runs.trigger_key
+ENGINES = 3  # a process's engines: transactions, durable owner writes, asynchronous ones
+POOL_PROCESS_CONNECTIONS = 2  # per engine in a pool process: its child, and its heartbeat
 RESERVED_KEY_PREFIX = "schedule:"  # schedule:<name>:<slot>: a schedule's slots, not a user's
 
 
@@ -59,3 +61,28 @@ def check_key(key: str, where: str) -> str:
             " slots (dtask schedule add); use another key"
         )
     return key
+
+
+def worker_connections(concurrency: int, per_engine: int) -> int:
+    """The most PostgreSQL connections a worker of ``concurrency`` pool processes can hold:
+    ``per_engine`` (DTASK_DB_POOL) on each engine of its main process, 2 on each of a pool
+    process's (it runs one child at a time). Each engine's pool stops there (no overflow)."""
+    return ENGINES * (per_engine + POOL_PROCESS_CONNECTIONS * concurrency)
+
+
+def over_budget(
+    concurrency: int, per_engine: int, others: list[int], usable: int, max_connections: int
+) -> str | None:
+    """Why a worker of ``concurrency`` must not start beside live workers of concurrencies
+    ``others`` on a server with ``usable`` connections for them, or None when they all fit."""
+    mine = worker_connections(concurrency, per_engine)
+    total = mine + sum(worker_connections(c, per_engine) for c in others)
+    if total <= usable:
+        return None
+    beside = f" beside {len(others)} live worker(s)" if others else ""
+    return (
+        f"a worker of concurrency {concurrency} may hold {mine} PostgreSQL connections;{beside}"
+        f" that makes {total}, over the {usable} the server's max_connections of"
+        f" {max_connections} leaves: lower --concurrency or DTASK_DB_POOL ({per_engine}),"
+        " or raise max_connections"
+    )

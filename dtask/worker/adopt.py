@@ -10,13 +10,17 @@ registry of live workers and the hand-over on SIGTERM.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_after_setup, celeryd_init, worker_init
+from celery.signals import celeryd_after_setup, celeryd_init, worker_init, worker_process_init
 
 from dtask import services, settings
+from dtask.db.engine import as_pool_process
+from dtask.domain.limits import over_budget
+from dtask.exceptions import DtaskError
 from dtask.worker import dispatcher, drain, monitor, notifier, reaper, registry, tasks
 from dtask.worker.app import use_host
 from dtask.worker.config import DEFAULT_QUEUE
@@ -78,10 +82,13 @@ def install_worker_side() -> None:
     drain.install()
     celeryd_init.connect(_before_start, weak=False)
     worker_init.connect(_import_driver, weak=False)
+    worker_process_init.connect(_as_pool_process, weak=False)
     celeryd_after_setup.connect(_check_queues, weak=False)
 
 
-def _before_start(instance: Any = None, conf: Any = None, options: Any = None, **_: Any) -> None:
+def _before_start(
+    sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None, **_: Any
+) -> None:
     given = (options or {}).get("prefetch_multiplier")
     prefetch = conf.worker_prefetch_multiplier if given is None else given
     if int(prefetch) != 1:
@@ -93,6 +100,7 @@ def _before_start(instance: Any = None, conf: Any = None, options: Any = None, *
             flush=True,
         )
         raise SystemExit(2)
+    _check_connections(str(sender or ""), options or {}, conf)
     # Consumed unless -Q narrows the worker to other queues (then _check_queues says so).
     instance.app.amqp.queues.add(DEFAULT_QUEUE)
     resolved = services.current().settings
@@ -102,6 +110,37 @@ def _before_start(instance: Any = None, conf: Any = None, options: Any = None, *
             " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
             flush=True,
         )
+
+
+def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
+    """Refuse to start where this worker and the live ones could together hold more
+    PostgreSQL connections than the server allows (each pool stops at its size)."""
+    autoscale = options.get("autoscale")
+    concurrency = int(
+        (str(autoscale).split(",")[0] if autoscale else None)
+        or options.get("concurrency")
+        or conf.worker_concurrency
+        or os.cpu_count()
+        or 1
+    )
+    try:
+        resolved = services.current().settings
+        store = services.store()
+        most, usable = store.workers.server_connections()
+        others = [
+            w.slots for w in store.workers.live(resolved.worker_seen_within) if w.name != name
+        ]
+    except DtaskError as exc:  # PostgreSQL is down: the worker waits for it like any other
+        log.warning("dtask: cannot check the PostgreSQL connection budget now: %s", exc)
+        return
+    refusal = over_budget(concurrency, resolved.db_pool, others, usable, most)
+    if refusal is not None:
+        print(f"dtask worker: {refusal}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def _as_pool_process(**_: Any) -> None:
+    as_pool_process()
 
 
 def _import_driver(**_: Any) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from sqlalchemy import text
 
 from dtask import services
 from dtask.db.database import Database
+from dtask.db.engine import Limits, engine_for
 from dtask.exceptions import DatabaseUnavailable
 
 
@@ -53,3 +55,21 @@ def test_an_unreachable_server_is_still_called_unreachable() -> None:
     unreachable = r"cannot reach PostgreSQL at .*is it running"
     with pytest.raises(DatabaseUnavailable, match=unreachable), db.tx() as conn:
         conn.execute(text("SELECT 1"))
+
+
+def test_an_engine_never_holds_more_than_its_pool_and_a_full_pool_is_named(
+    dtask_env: dict[str, str],
+) -> None:
+    """Each engine stops at DTASK_DB_POOL connections (the connection budget counts on it): a
+    thread that finds them all busy waits, then gets a one-line DatabaseUnavailable."""
+    limits = Limits(statement_timeout=0, lock_timeout=0, connections=2)
+    assert limits.pool_wait == 5.0
+    db = Database(engine_for(services.database_url(), limits=limits))
+    with db.tx(), db.tx():
+        started = time.monotonic()
+        full = r"^all 2 PostgreSQL connections of this"
+        with pytest.raises(DatabaseUnavailable, match=full), db.tx():
+            pass
+        assert time.monotonic() - started >= 4.5
+    with db.tx() as conn:  # given back: usable again
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1

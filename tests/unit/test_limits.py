@@ -13,7 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtask.domain.context import ChildContext
-from dtask.domain.limits import KEY_LENGTH, check_key, json_bytes, text_problem
+from dtask.domain.limits import (
+    KEY_LENGTH,
+    check_key,
+    json_bytes,
+    over_budget,
+    text_problem,
+    worker_connections,
+)
 from dtask.domain.params import Param
 from dtask.domain.splitting import check_specs
 from dtask.exceptions import (
@@ -121,3 +128,24 @@ def test_a_checkpoint_over_its_limit_or_not_json_fails_the_attempt_and_writes_no
     with pytest.raises(InvalidCheckpoint, match="is not JSON"):
         ctx.checkpoint({"x": math.nan})
     assert written == [{"done": 1}] and ctx.checkpoint_state == {"done": 1}
+
+
+def test_a_worker_s_connections_are_its_main_process_s_engines_and_two_per_pool_engine() -> None:
+    assert worker_connections(concurrency=2, per_engine=4) == 3 * 4 + 3 * 2 * 2 == 24
+    assert worker_connections(concurrency=0, per_engine=2) == 6
+
+
+@given(
+    st.integers(1, 64),
+    st.integers(2, 50),
+    st.lists(st.integers(1, 64), max_size=20),
+    st.integers(1, 10_000),
+)
+def test_a_worker_is_refused_exactly_when_the_workers_could_exceed_the_server(
+    concurrency: int, per_engine: int, others: list[int], usable: int
+) -> None:
+    total = sum(worker_connections(c, per_engine) for c in [concurrency, *others])
+    refusal = over_budget(concurrency, per_engine, others, usable, usable + 3)
+    assert (refusal is None) == (total <= usable)
+    if refusal is not None:
+        assert f"that makes {total}, over the {usable}" in refusal and "\n" not in refusal
