@@ -300,6 +300,7 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         "60",
         "seconds a transaction may sit idle before PostgreSQL ends it (0 = no limit)",
     ),
+    "DTASK_DB_POOL": ("4", "PostgreSQL connections per engine of a process (2 in a pool process)"),
     "DTASK_FLOWER_AUTH": ("", "user:password for Flower; required beyond loopback"),
     "DTASK_IDLE_ALERT": ("900", "seconds a worker may run nothing before a worker_idle alert"),
     "DTASK_STALL_ALERT": ("600", "seconds an unfinished run may not change before an alert"),

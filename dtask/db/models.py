@@ -195,6 +195,11 @@ class ScheduleRow(Base):
     end_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     decided_until: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     buffered_slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the earliest a beat must look at it again (its next slot; now while it waits on
+    # something else: a buffered slot, an upstream schedule, an error)
+    next_due_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
     last_run_id: Mapped[int | None] = mapped_column(
         ForeignKey("dtask_runs.id", ondelete="SET NULL")
     )
@@ -213,6 +218,7 @@ class ScheduleRow(Base):
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
         CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
+        Index("ix_dtask_schedules_next_due_at", "next_due_at", postgresql_where=text("enabled")),
     )
 
 

@@ -40,6 +40,7 @@ class Firing:
     changed: bool = True  # False: nothing to write (most passes of most schedules)
     missed: str | None = None  # what this pass found missed (a misfire), for the alert
     missed_slots: int = 0
+    due_at: datetime | None = None  # when to decide it again; None: at the next pass
 
 
 @dataclass
@@ -49,9 +50,13 @@ class Fired:
     created: list[tuple[int, NewRun]] = field(default_factory=list)
     held: list[tuple[int, NewRun]] = field(default_factory=list)  # waiting or failed at once
     existing: list[tuple[int, NewRun]] = field(default_factory=list)
+    decided: int = 0  # schedules decided (the due ones)
+    next_due: datetime | None = None  # the earliest any enabled schedule is due after it
+    now: datetime | None = None  # PostgreSQL's clock at the pass's last chunk
 
 
 Decide = Callable[[Schedule, datetime, bool], Firing]
+CHUNK = 500  # schedules decided per transaction (each held at most the beat's limit)
 
 
 class ScheduleStore:
@@ -102,7 +107,7 @@ class ScheduleStore:
                     " buffered_slot = CASE WHEN cron IS DISTINCT FROM CAST(:cron AS varchar)"
                     "   OR every_seconds IS DISTINCT FROM CAST(:every AS integer)"
                     "   OR timezone <> CAST(:tz AS varchar) THEN NULL ELSE buffered_slot END,"
-                    " updated_at = now() WHERE name = :name"
+                    " next_due_at = now(), updated_at = now() WHERE name = :name"
                 ),
                 values,
             )
@@ -123,6 +128,7 @@ class ScheduleStore:
             changed = conn.execute(
                 text(
                     "UPDATE dtask_schedules SET enabled = :enabled, updated_at = now(),"
+                    " next_due_at = now(),"
                     " decided_until = CASE WHEN :enabled AND NOT enabled THEN now()"
                     "   ELSE decided_until END,"
                     " buffered_slot = CASE WHEN :enabled AND NOT enabled THEN NULL"
@@ -145,45 +151,70 @@ class ScheduleStore:
         if gone is None:
             raise _not_found(name)
 
-    def beat_pass(self, decide: Decide, hold_for: float) -> Fired:
-        """Decide every enabled schedule no other beat is deciding, in one transaction.
+    def beat_pass(self, decide: Decide, hold_for: float, chunk: int = CHUNK) -> Fired:
+        """Decide every enabled schedule that is due and no other beat is deciding, ``chunk``
+        at a time, each chunk in a transaction of its own held at most ``hold_for`` seconds.
 
         ``decide(schedule, now, previous_running)`` gets PostgreSQL's clock, so beats on
         machines with skewed clocks agree on what is due. The runs it asks for are inserted
-        with their slot's trigger key (a key that exists is not inserted again).
+        with their slot's trigger key (a key that exists is not inserted again). A schedule
+        that is not due (its ``next_due_at`` is ahead) is not read at all: a pass costs what
+        is due, not how many schedules there are.
         """
         fired = Fired()
         paused = DtaskError(
             "the beat's pass was held past its limit (this beat was paused); nothing of"
             " it was recorded, the next pass decides again"
         )
-        with self.db.held(hold_for, paused) as conn:
-            now = conn.execute(text("SELECT now()")).scalar_one()
-            rows = conn.execute(
-                text(
-                    f"SELECT {_COLUMNS}, coalesce(r.state IN ('waiting', 'pending',"
-                    " 'splitting', 'running'), false) AS previous_running FROM dtask_schedules s"
-                    " LEFT JOIN dtask_runs r ON r.id = s.last_run_id WHERE s.enabled"
-                    " ORDER BY s.id FOR UPDATE OF s SKIP LOCKED"
-                )
-            ).all()
-            for row in rows:
-                try:
-                    schedule = _schedule(row)
-                except DtaskError as exc:  # e.g. a time zone this host does not know
-                    error = f"cannot be read by this beat: {exc}"
-                    firing = Firing([], row.decided_until, row.buffered_slot, error)
-                else:
-                    at = _decided_upstream(conn, schedule.after_schedule, now)
-                    firing = decide(schedule, at, bool(row.previous_running))
-                self._record(conn, row.name, firing, fired, row.after_schedule)
-        return fired
+        after = 0
+        while True:
+            with self.db.held(hold_for, paused) as conn:
+                now = fired.now = conn.execute(text("SELECT now()")).scalar_one()
+                rows = conn.execute(
+                    text(
+                        f"SELECT {_COLUMNS}, s.id, coalesce(r.state IN ('waiting', 'pending',"
+                        " 'splitting', 'running'), false) AS previous_running"
+                        " FROM dtask_schedules s LEFT JOIN dtask_runs r ON r.id = s.last_run_id"
+                        " WHERE s.enabled AND s.next_due_at <= now() AND s.id > :after"
+                        " ORDER BY s.id LIMIT :chunk FOR UPDATE OF s SKIP LOCKED"
+                    ),
+                    {"after": after, "chunk": chunk},
+                ).all()
+                for row in rows:
+                    self._decide(conn, row, now, decide, fired)
+                if len(rows) < chunk:
+                    fired.next_due = conn.execute(
+                        text("SELECT min(next_due_at) FROM dtask_schedules WHERE enabled")
+                    ).scalar()
+                    return fired
+                after = rows[-1].id
+
+    def _decide(
+        self, conn: Connection, row: Row[Any], now: datetime, decide: Decide, fired: Fired
+    ) -> None:
+        try:
+            schedule = _schedule(row)
+        except DtaskError as exc:  # e.g. a time zone this host does not know
+            error = f"cannot be read by this beat: {exc}"
+            firing = Firing([], row.decided_until, row.buffered_slot, error)
+        else:
+            at = _decided_upstream(conn, schedule.after_schedule, now)
+            firing = decide(schedule, at, bool(row.previous_running))
+        self._record(conn, row.name, firing, fired, row.after_schedule)
+        fired.decided += 1
 
     @staticmethod
     def _record(
         conn: Connection, name: str, firing: Firing, fired: Fired, after_schedule: str | None
     ) -> None:
         if not (firing.changed or firing.runs):
+            conn.execute(
+                text(
+                    "UPDATE dtask_schedules SET next_due_at = coalesce(CAST(:due AS timestamptz),"
+                    " now()) WHERE name = :name"
+                ),
+                {"name": name, "due": firing.due_at},
+            )
             return
         last_run = None
         for planned in firing.runs:
@@ -215,6 +246,7 @@ class ScheduleStore:
                 " misfired_at = CASE WHEN CAST(:missed AS text) IS NOT NULL THEN now()"
                 "   ELSE misfired_at END,"
                 " misfire_note = coalesce(CAST(:missed AS text), misfire_note),"
+                " next_due_at = coalesce(CAST(:due AS timestamptz), now()),"
                 " updated_at = now() WHERE name = :name"
             ),
             {
@@ -224,6 +256,7 @@ class ScheduleStore:
                 "last_run": last_run,
                 "error": firing.error,
                 "missed": firing.missed,
+                "due": firing.due_at,
             },
         )
 

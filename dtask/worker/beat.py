@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery.beat import Scheduler
@@ -39,6 +39,7 @@ MAX_SLEEP = 1.0
 # A frozen beat (SIGSTOP, a paused VM) holds its schedules' row locks until PostgreSQL ends its
 # session after this long idle: slots wait up to that long, under the default 10 s grace.
 HOLD_FOR = 3.0
+NO_SLOT_LOOK = timedelta(days=1)  # an ended schedule (no next slot) is looked at again
 ENTRIES_LEASE = 15.0  # above a pass that waits out a network timeout (8 s)
 ENTRIES = "beat_schedule"  # the lease's name
 
@@ -63,12 +64,15 @@ class Pass:
         upcoming = schedule.timing.next_slot(tick.decided_until)
         if upcoming is not None:
             self.wake_in = min(self.wake_in, (upcoming - now).total_seconds())
+        # a buffered slot waits on its previous run: looked at on every pass until it fires;
+        # a schedule that has ended (no next slot) is looked at again in a day
+        due_at = None if tick.buffered is not None else upcoming or now + NO_SLOT_LOOK
         missed, missed_slots = _missed(schedule, tick)
         if not tick.fire:
             _explain(schedule, tick)
             return Firing(
                 [], tick.decided_until, tick.buffered, changed=tick.changed,
-                missed=missed, missed_slots=missed_slots,
+                missed=missed, missed_slots=missed_slots, due_at=due_at,
             )  # fmt: skip
         try:
             runs = _runs(schedule, tick)
@@ -80,8 +84,9 @@ class Pass:
             return _failed(schedule, f"slots after {iso(schedule.decided_until)} not run: {exc}")
         _explain(schedule, tick)
         return Firing(
-            runs, tick.decided_until, tick.buffered, missed=missed, missed_slots=missed_slots
-        )
+            runs, tick.decided_until, tick.buffered, missed=missed, missed_slots=missed_slots,
+            due_at=due_at,
+        )  # fmt: skip
 
 
 MISSED_COUNTED = 1000  # slots counted one by one for the metric; past that, this many
@@ -160,6 +165,8 @@ def beat_pass() -> float:
     except DtaskError as exc:
         log.warning("beat: %s; trying again in %g s", exc, MAX_SLEEP)
         return MAX_SLEEP
+    if fired.next_due is not None and fired.now is not None:
+        current.wake_in = min(current.wake_in, (fired.next_due - fired.now).total_seconds())
     for run_id, run in fired.held:
         slot = iso(run.slot) if run.slot else "?"
         waits = f"waits for run {run.after[0]}" if run.after else f"failed: {run.unmet}"

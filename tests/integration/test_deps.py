@@ -264,8 +264,8 @@ def test_a_schedule_after_one_of_another_cadence_is_decided_up_to_its_next_slot(
             assert _decided_upstream(conn, name, now) == now  # its next slot is later
             conn.execute(
                 sql(
-                    "UPDATE dtask_schedules SET decided_until = now() - interval '2 hours'"
-                    " WHERE name = :n"
+                    "UPDATE dtask_schedules SET decided_until = now() - interval '2 hours',"
+                    " next_due_at = now() WHERE name = :n"
                 ),
                 {"n": name},
             )
