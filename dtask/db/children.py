@@ -197,6 +197,18 @@ class ChildStore:
             result=result,
         )
 
+    def note_time(self, run_id: int, seconds: float) -> None:
+        """Fold a child's measured time (claim to finish, in its pool process) into the run's
+        moving average: what the dispatcher sizes its messages by. Once per message."""
+        with self.db.owner(durable=False) as conn:
+            conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET child_seconds = CASE WHEN child_seconds IS NULL"
+                    " THEN :s ELSE 0.7 * child_seconds + 0.3 * :s END WHERE id = :r"
+                ),
+                {"r": run_id, "s": seconds},
+            )
+
     def any_unfinished(self, run_id: int) -> bool:
         """Whether a child of the run is still pending or running. Asked after a child's own
         final write committed, so of two last children finishing at once the later asker sees

@@ -36,13 +36,14 @@ class DispatchPass:
         """Runs with unsent children, per queue."""
         rows = self.conn.execute(
             sql(
-                "SELECT id, client, priority, deadline, unsent, queue FROM dtask_runs"
+                "SELECT id, client, priority, deadline, unsent, queue, child_seconds"
+                " FROM dtask_runs"
                 " WHERE unsent > 0 AND state = 'running'"
             )
         ).all()
         found: dict[str | None, list[Demand]] = {}
         for r in rows:
-            demand = Demand(r.id, r.client, r.priority, r.deadline, r.unsent)
+            demand = Demand(r.id, r.client, r.priority, r.deadline, r.unsent, r.child_seconds)
             found.setdefault(r.queue, []).append(demand)
         return found
 

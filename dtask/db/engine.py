@@ -67,7 +67,14 @@ class Limits:
             "lock_timeout": self.lock_timeout,
             "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout,
         }
-        return [f"-c {name}={int(seconds * 1000)}" for name, seconds in timeouts.items()]
+        # psycopg prepares a statement run five times, and PostgreSQL then keeps a generic plan
+        # made with the statistics of that moment: one made when dtask_children held a hundred
+        # rows scans it whole at a hundred thousand (a child's claim and finish took twice as
+        # long until autovacuum's ANALYZE threw the plan away). Plan each execution instead.
+        return [
+            *(f"-c {name}={int(seconds * 1000)}" for name, seconds in timeouts.items()),
+            "-c plan_cache_mode=force_custom_plan",
+        ]
 
 
 _engines: dict[tuple[int, str, bool, bool, Limits], Engine] = {}

@@ -98,6 +98,9 @@ class RunRow(Base):
     notify_error: Mapped[str | None] = mapped_column(Text)
     notified_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
+    # a child's time in a pool process, claim to finish (a moving average its workers keep):
+    # how many of its children the dispatcher puts in one message
+    child_seconds: Mapped[float | None] = mapped_column(Float)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     start_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # countdown

@@ -32,6 +32,7 @@ class Demand:
     priority: int
     deadline: datetime | None
     unsent: int  # children not yet sent
+    child_seconds: float | None = None  # a child's measured time (None: none finished yet)
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,45 @@ class Passes:
         self.runs = {r: p for r, p in self.runs.items() if r in keep_r}
 
 
-def window(slots: int, finished_per_second: float, interval: float, override: int | None) -> int:
-    """K, the messages a queue may hold: two per live slot (one running, one next), plus what
-    the slots finish between two dispatcher passes, twice over, so fast children never wait
-    for a pass; ``override`` (DTASK_DISPATCH_WINDOW) replaces the rule. No slot: nothing."""
+def window(
+    slots: int,
+    finished_per_second: float,
+    interval: float,
+    override: int | None,
+    batch: int = 1,
+) -> int:
+    """K, the children a queue may hold: two messages of ``batch`` per live slot (one
+    running, one next), plus what the slots finish between two dispatcher passes, twice over,
+    so fast children never wait for a pass; ``override`` (DTASK_DISPATCH_WINDOW) replaces the
+    rule. No slot: nothing."""
     if override is not None:
         return override
     if slots <= 0:
         return 0
-    return 2 * slots + math.ceil(2 * finished_per_second * interval)
+    return 2 * slots * batch + math.ceil(2 * finished_per_second * interval)
+
+
+BATCH_SECONDS = 0.05  # a message's work when a run's children are short
+MAX_BATCH = 100
+
+
+def batch_size(child_seconds: float | None) -> int:
+    """Children of a run per message, from how long its finished children took (None: none
+    has finished yet): as many as fill ``BATCH_SECONDS``, so no child waits behind another for
+    longer than that; one when a child alone takes that long."""
+    if child_seconds is None or child_seconds >= BATCH_SECONDS:
+        return 1
+    return max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(child_seconds, 1e-6))))
+
+
+def whole_messages(count: int, batch: int, unsent: int, starving: bool) -> int:
+    """Of ``count`` children planned for a run, those to send now: whole messages of
+    ``batch`` only, while the queue holds enough to keep its slots busy (the rest goes with
+    the next pass instead of as a small message); all of them for the run's last ones, or
+    when the slots are ``starving``."""
+    if batch <= 1 or starving or count >= unsent:
+        return count
+    return count - count % batch
 
 
 def plan(

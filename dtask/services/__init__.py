@@ -76,22 +76,33 @@ def database_url() -> str:
 
 
 def store() -> Store:
+    """This process's store for the resolved database (made once per process and pool size:
+    every child asks for it twice, and making it cost 0.15 ms)."""
     resolved = current()
     url = resolved.database_url
     limits = Limits.of(resolved.settings)
+    key = (os.getpid(), url, limits)
+    made = _stores.get(key)
+    if made is not None and made[0] is resolved:
+        return made[1]
     engine = engine_for(url, limits=limits)
     if url not in _migrated:
         schema.ensure(
             engine, migrate=resolved.settings.embedded_database or resolved.settings.auto_migrate
         )
         _migrated.add(url)
-    return Store(
+    fresh = Store(
         Database(
             engine,
             owner_engine=engine_for(url, owner=True, limits=limits),
             owner_async_engine=engine_for(url, durable=False, owner=True, limits=limits),
         )
     )
+    _stores[key] = (resolved, fresh)
+    return fresh
+
+
+_stores: dict[tuple[int, str, Limits], tuple[Services, Store]] = {}
 
 
 def import_database_driver() -> None:
@@ -146,4 +157,5 @@ def reset() -> None:
     with _lock:
         _current = None
         _migrated.clear()
+        _stores.clear()
         _loaded_templates = False

@@ -19,6 +19,7 @@ from dtask.worker.config import DEFAULT_QUEUE
 
 MASTER = "dtask.master"
 CHILD = "dtask.child"
+CHILDREN = "dtask.children"  # several short children of one run in one message
 FINALIZE = "dtask.finalize"
 SUBMIT = "dtask.submit"
 
@@ -131,15 +132,24 @@ def chords() -> bool:
     return isinstance(current().backend, RedisBackend)
 
 
-def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any = None) -> int:
+def publish(
+    children: Iterable[Redispatch],
+    priority: int = RESEND,
+    through: Any = None,
+    batch: int = 1,
+    countdown: float | None = None,
+) -> int:
     """Send child messages through one producer, pipelined where the broker allows (Redis);
-    returns how many. Through ``through`` if given, else a producer from the app's pool.
+    returns how many children. Through ``through`` if given, else a producer from the app's
+    pool. Consecutive children of one run go ``batch`` to a message (``dtask.children``),
+    run one after the other by one pool process, each still claimed, fenced and finished on
+    its own; a message of one is the ``dtask.child`` that ``child.apply_async`` would send.
 
-    Each message is the one ``child.apply_async`` would send (same headers, body and
-    properties, built by Celery's ``create_task_message``) minus the per-call overhead that
-    dominates a large chord: routing, queue declaration, publish signals and the ``task-sent``
-    event per child, and one broker round trip each. A failed send raises; the children are
-    in PostgreSQL, so the reaper re-sends them (the master's run stays ``splitting``).
+    Each message is the one ``apply_async`` would send (same headers, body and properties,
+    built by Celery's ``create_task_message``) minus the per-call overhead that dominates a
+    large chord: routing, queue declaration, publish signals and the ``task-sent`` event per
+    message, and one broker round trip each. A failed send raises; the children are in
+    PostgreSQL, so the reaper re-sends them (the master's run stays ``splitting``).
     """
     app = current()
     chord = chords()
@@ -149,28 +159,44 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
     options = _priority(priority)
     parent = _parent_ids()
     with app.producer_or_acquire(through) as producer, producer.batch(max_size=PUBLISH_BATCH):
-        for c in children:
-            callback = callbacks.get(c.group_id)
-            if callback is None and chord:
-                callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
+        for group in _batches(children, batch):
+            c = group[0]
             name = c.queue or DEFAULT_QUEUE
             queue = declared.get(name)
             if queue is None:
                 queue = declared[name] = app.amqp.queues[name]
                 producer.maybe_declare(queue)
-            headers, properties, body, _ = app.amqp.create_task_message(
-                child_task_id(c.group_id, c.index),
-                CHILD,
-                (c.run_id, c.index, c.template, c.spec),
-                None,
-                group_id=c.group_id,
-                group_index=c.index,
-                chord=callback,
-                ignore_result=True,  # the chord still counts it; the outcome is in PostgreSQL
-                reply_to=app.thread_oid,
-                **parent,
-                **readable(c.template, c.run_id, c.index, c.spec),
-            )
+            if len(group) == 1:
+                callback = callbacks.get(c.group_id)
+                if callback is None and chord:
+                    callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
+                message = app.amqp.create_task_message(
+                    child_task_id(c.group_id, c.index),
+                    CHILD,
+                    (c.run_id, c.index, c.template, c.spec),
+                    None,
+                    group_id=c.group_id,
+                    group_index=c.index,
+                    chord=callback,
+                    ignore_result=True,  # the chord still counts it; the outcome is in PostgreSQL
+                    reply_to=app.thread_oid,
+                    countdown=countdown,
+                    **parent,
+                    **readable(c.template, c.run_id, c.index, c.spec),
+                )
+            else:
+                message = app.amqp.create_task_message(
+                    f"{c.group_id}.{c.index}+{len(group)}",
+                    CHILDREN,
+                    (c.run_id, c.template, c.group_id, c.queue, [[g.index, g.spec] for g in group]),
+                    None,
+                    ignore_result=True,
+                    reply_to=app.thread_oid,
+                    countdown=countdown,
+                    **parent,
+                    **readable_batch(group),
+                )
+            headers, properties, body, _ = message
             producer.publish(
                 body,
                 exchange="",  # what Celery does for a direct queue: route by its name
@@ -182,8 +208,20 @@ def publish(children: Iterable[Redispatch], priority: int = RESEND, through: Any
                 **options,
                 **properties,
             )
-            sent += 1
+            sent += len(group)
     return sent
+
+
+def _batches(children: Iterable[Redispatch], size: int) -> Iterable[list[Redispatch]]:
+    """Consecutive children of one run, ``size`` at most to a list."""
+    group: list[Redispatch] = []
+    for c in children:
+        if group and (len(group) >= size or c.run_id != group[0].run_id):
+            yield group
+            group = []
+        group.append(c)
+    if group:
+        yield group
 
 
 PUBLISH_BATCH = 1000
@@ -204,6 +242,16 @@ def readable(template: str, run_id: int, index: int, spec: dict[str, Any]) -> di
     return {
         "argsrepr": f"{template} run {run_id} child {index}",
         "kwargsrepr": saferepr(spec, amqp.kwargsrepr_maxsize),
+    }
+
+
+def readable_batch(group: list[Redispatch]) -> dict[str, str]:
+    """How a message of several children shows: "print_range run 5 children 0-49"."""
+    first, last = group[0], group[-1]
+    amqp = current().amqp
+    return {
+        "argsrepr": f"{first.template} run {first.run_id} children {first.index}-{last.index}",
+        "kwargsrepr": saferepr([c.spec for c in group], amqp.kwargsrepr_maxsize),
     }
 
 

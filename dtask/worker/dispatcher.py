@@ -21,7 +21,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.domain.dispatch import Passes, plan, window
+from dtask.domain.dispatch import Passes, batch_size, plan, whole_messages, window
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
 from dtask.worker.loop import Loop
@@ -125,18 +125,29 @@ class Dispatcher:
                 queued = out.queued if out else 0
                 pace = self.paces.setdefault(name, Pace())
                 slots = sum(w.slots for w in workers if name in w.queues)
+                batches = {d.run_id: batch_size(d.child_seconds) for d in runs}
                 size = window(
-                    slots, pace.update(queued), settings.dispatch_interval, settings.dispatch_window
+                    slots,
+                    pace.update(queued),
+                    settings.dispatch_interval,
+                    settings.dispatch_window,
+                    max(batches.values(), default=1),
                 )
                 shares = turn.shares({d.client for d in runs}, clients_out)
                 passes = self.passes.setdefault(name, Passes())
                 passes.forget_except({d.client for d in runs}, {d.run_id for d in runs})
                 queue_sent = 0
                 of = {d.run_id: d for d in runs}
-                for run_id, count in plan(runs, shares, size - queued, passes).items():
+                starving = queued < slots * max(batches.values(), default=1)
+                for run_id, planned in plan(runs, shares, size - queued, passes).items():
+                    count = whole_messages(planned, batches[run_id], of[run_id].unsent, starving)
+                    if not count:
+                        continue
                     children = turn.take(run_id, count)
                     level = broker_priority(of[run_id].priority)
-                    queue_sent += publish(children, priority=level, through=sender.producer)
+                    queue_sent += publish(
+                        children, level, through=sender.producer, batch=batches[run_id]
+                    )
                     # a client with runs in several queues: its cap counts them all
                     client = of[run_id].client
                     clients_out[client] = clients_out.get(client, 0) + len(children)

@@ -48,16 +48,15 @@ def finalize_run(
     run_id: int,
     wait: bool = True,
     producer: Callable[[], Any] | None = None,
-    chord_done: bool = False,
 ) -> RunState:
     """Finalize the run with its template's reduce (every finalizer goes through here), wake
     the masters of the dependents its success released, and drop what Celery's result
-    backend still keeps of the run's chord (unless ``chord_done``: the last child finalizes
-    before its own part of the chord returns, and Celery cleans up a chord that completes)."""
+    backend still keeps of the run's chord: its done marker turns the parts still to return
+    (the last child's own, a batch's) into no-ops."""
     released: list[int] = []
     state = store.runs.finalize(run_id, wait=wait, reduce=reducer, released=released)
     start_released(run_id, released, producer)
-    if state.finished and not chord_done:
+    if state.finished:
         forget(store, run_id)
     return state
 

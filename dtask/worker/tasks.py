@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from celery import Celery, Task
 from celery.exceptions import Ignore
@@ -58,7 +58,7 @@ from dtask.worker.time_limit import time_limit
 log = logging.getLogger("dtask.worker")
 
 
-def _backoff(retries: int) -> float:
+def template_backoff(retries: int) -> float:
     """Seconds before a message this worker could not run (no template) is offered again."""
     return float(min(2**retries, 2 * services.current().settings.stall_timeout))
 
@@ -106,7 +106,7 @@ class LifecycleStore(Protocol):
 TASKS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
 
 
-def _task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+def dtask_task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """A dtask task on dtask's own app (and, as Celery's ``shared`` tasks are, on every app
     finalized later), remembered so ``register`` can put it on a host app already finalized.
     Acked late and rejected when their process dies: PostgreSQL, not the ack, decides."""
@@ -185,20 +185,22 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
     return state
 
 
-@_task(MASTER, bind=True, ignore_result=True, max_retries=None)
+@dtask_task(MASTER, bind=True, ignore_result=True, max_retries=None)
 def master(self: Task, run_id: int) -> None:
     try:
         state = run_master(services.store(), run_id)
     except TemplateElsewhere as exc:
         if not self.request.retries:
             log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
-        raise self.retry(countdown=_backoff(self.request.retries), max_retries=None) from None
+        raise self.retry(
+            countdown=template_backoff(self.request.retries), max_retries=None
+        ) from None
     except NotDue as early:  # a duplicate or early message: wake again when it is due
         raise self.retry(countdown=early.seconds, max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
 
 
-@_task(SUBMIT, ignore_result=False)
+@dtask_task(SUBMIT, ignore_result=False)
 def submit_run(
     *previous: Any,
     template: str,
@@ -237,31 +239,80 @@ def _patiently(
             delay = min(delay * 2, 2.0)
 
 
+class Delivery(Protocol):
+    """The message a child came in: how it is tried again later (Celery's retry of a message
+    of its own; a message of its own, in a batch) and ended without a result."""
+
+    @property
+    def retries(self) -> int: ...
+    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn: ...
+    def ended(self) -> None: ...
+
+
+class Single:
+    """A ``dtask.child`` message: one child."""
+
+    def __init__(self, task: Task, reprs: dict[str, str]) -> None:
+        self.task, self.reprs = task, reprs
+
+    @property
+    def retries(self) -> int:
+        return int(self.task.request.retries or 0)
+
+    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        raise self.task.retry(countdown=countdown, max_retries=None, exc=exc, **self.reprs)
+
+    def ended(self) -> None:
+        _ended_for_flower(self.task)
+
+
 # track_started=False: a child's "running" lives in PostgreSQL (and Flower gets the
 # task-started event either way); Celery's STARTED result would cost 3 Redis commands per child.
-@_task(CHILD, bind=True, max_retries=None, track_started=False)
+@dtask_task(CHILD, bind=True, max_retries=None, track_started=False)
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
-    config = services.current().settings
     drain.arm()
+    try:
+        delivery = Single(self, readable(template, run_id, index, spec))
+        took = run_child(delivery, run_id, index, template, spec)
+        if took is not None:
+            note_time(run_id, took)
+    finally:
+        if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
+            drain.leave()
+
+
+def run_child(
+    delivery: Delivery,
+    run_id: int,
+    index: int,
+    template: str,
+    spec: dict[str, Any],
+    finalize: bool = True,
+) -> float | None:
+    """Claim, run and finish one child, wherever its message came from; with ``finalize``,
+    then finalize its run if it was the last (a batch asks once, after its last child).
+    The seconds it took from claim to finish, or None where it did not run to its end."""
+    config = services.current().settings
+    began = time.monotonic()
     try:
         store = services.store()
         if drain.DRAINING.is_set():  # stopping: let another process take it
             _hand_over(store, run_id, index, template, spec)
             raise Ignore()
         if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
-            if not self.request.retries:
+            if not delivery.retries:
                 log.warning(
                     "run %s child %s: this worker does not know template %r; leaving it to"
                     " another worker", run_id, index, template,
                 )  # fmt: skip
-            raise self.retry(countdown=_backoff(self.request.retries), max_retries=None)
+            delivery.retry(template_backoff(delivery.retries))
         if links.recently_cut_off(retry_after=config.network_timeout):
             log.info(
                 "run %s child %s: this worker cannot reach PostgreSQL; handing the child to"
                 " another worker", run_id, index,
             )  # fmt: skip
-            raise self.retry(countdown=config.heartbeat_interval, max_retries=None)
+            delivery.retry(config.heartbeat_interval)
         claimed_at = time.monotonic()  # the lease runs from no earlier than this
         taken = _patiently(
             lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
@@ -269,9 +320,13 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         )
         links.reached()
         if isinstance(taken, Refusal):
-            _refused(self, run_id, index, taken)
+            _refused(delivery, run_id, index, taken)
             return None
-        _run_claimed(self, store, taken, run_id, index, template, spec, config, claimed_at)
+        _run_claimed(delivery, store, taken, run_id, index, template, spec, config, claimed_at)
+        took = time.monotonic() - began
+        if finalize:
+            finalize_if_last(store, run_id)
+        return took
     except LeaseLost as exc:
         log.warning("run %s child %s: %s", run_id, index, exc)
         raise Ignore() from None
@@ -280,11 +335,15 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         # claim resumes from the last committed checkpoint. Not counted by the chord.
         links.cut_off()
         log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
-        raise self.retry(countdown=config.lease_ttl, max_retries=None) from None
-    finally:
-        if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
-            drain.leave()
-    return None
+        delivery.retry(config.lease_ttl)
+
+
+def note_time(run_id: int, seconds: float) -> None:
+    """What the dispatcher sizes the run's messages by; a failure only leaves it older."""
+    try:
+        services.store().children.note_time(run_id, seconds)
+    except DtaskError as exc:
+        log.debug("run %s: child time not noted: %s", run_id, exc)
 
 
 def _hand_over(
@@ -310,7 +369,7 @@ def _ended_for_flower(task: Task) -> None:
 
 
 def _run_claimed(
-    task: Task,
+    delivery: Delivery,
     store: LifecycleStore,
     claim: Claim,
     run_id: int,
@@ -380,7 +439,6 @@ def _run_claimed(
             what = f"run {run_id} child {index}"
             result = encode_result(value, config.max_child_result, what, "DTASK_MAX_CHILD_RESULT")
             fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint, result))
-        _finalize_if_last(store, run_id)
     except (LeaseLost, DatabaseUnavailable) as exc:
         if beat.expired() and not beat.lost.is_set():
             moved = _fence_moved(store, claim)
@@ -391,10 +449,9 @@ def _run_claimed(
         raise
     except ChildStopped:
         if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
-            reprs = readable(template, run_id, index, spec)
             failure = ExecutionCapExceeded(cap.message())
             _attempt_failed(
-                task, store, claim, run_id, index, failure, config.retry_delay, reprs,
+                delivery, store, claim, run_id, index, failure, config.retry_delay,
                 printed.text() if printed else None,
             )  # fmt: skip
         _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
@@ -402,13 +459,12 @@ def _run_claimed(
         # and its message for this child was dropped as a duplicate while we held the lease.
         # _hand_over re-sends only while the run is active.
         if not _hand_over(store, run_id, index, template, spec):
-            _ended_for_flower(task)
+            delivery.ended()
         log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
         raise Ignore() from None
     except Exception as exc:
-        reprs = readable(template, run_id, index, spec)
         _attempt_failed(
-            task, store, claim, run_id, index, exc, config.retry_delay, reprs,
+            delivery, store, claim, run_id, index, exc, config.retry_delay,
             printed.text() if printed else None,
         )  # fmt: skip
     finally:
@@ -461,19 +517,19 @@ def _traceback(exc: BaseException) -> str:
     return text if len(text) <= TRACEBACK_KEPT else "...\n" + text[-TRACEBACK_KEPT:]
 
 
-def _finalize_if_last(store: LifecycleStore, run_id: int) -> None:
+def finalize_if_last(store: LifecycleStore, run_id: int) -> None:
     """The run's last child to finish finalizes it from PostgreSQL's counts, whatever the
     result backend (a chord callback, where there is one, then finds it done). A failure is
     left to the chord callback or the reaper."""
     try:
         if not store.children.any_unfinished(run_id):
-            state = finalize_run(store, run_id, chord_done=True)
+            state = finalize_run(store, run_id)
             log.info("run %s finalized by its last child: %s", run_id, state.value)
     except Exception as exc:  # the child itself succeeded: never fail it for this
         log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
 
 
-def _refused(task: Task, run_id: int, index: int, refusal: Refusal) -> None:
+def _refused(delivery: Delivery, run_id: int, index: int, refusal: Refusal) -> None:
     if refusal.reason is ClaimRefusal.DONE:
         return  # same id, state and result as the first report: the chord counts it once
     if refusal.reason is ClaimRefusal.FAILED:
@@ -482,35 +538,34 @@ def _refused(task: Task, run_id: int, index: int, refusal: Refusal) -> None:
     # if that owner dies); INACTIVE: the run was cancelled; GONE: the run was deleted.
     log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
     if refusal.reason is not ClaimRefusal.BUSY:  # BUSY: the same task id runs elsewhere
-        _ended_for_flower(task)
+        delivery.ended()
     raise Ignore()
 
 
 def _attempt_failed(
-    task: Task,
+    delivery: Delivery,
     store: LifecycleStore,
     claim: Claim,
     run_id: int,
     index: int,
     exc: Exception,
     delay: float,
-    reprs: dict[str, str],
     output: str | None = None,
 ) -> None:
     error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
     state = store.children.fail_attempt(claim, error, _traceback(exc), output)
     if state is ChildState.FAILED:
         log.error("run %s child %s failed for good: %s", run_id, index, error)
-        _finalize_if_last(store, run_id)
+        finalize_if_last(store, run_id)
         raise ChildFailed(store.children.error(run_id, index) or error) from exc
     log.warning(
         "run %s child %s attempt %s/%s failed, retrying from its checkpoint: %s",
         run_id, index, claim.attempt, claim.max_attempts, error,
     )  # fmt: skip
-    raise task.retry(countdown=delay, max_retries=None, exc=exc, **reprs)
+    delivery.retry(delay, exc)
 
 
-@_task(FINALIZE, ignore_result=True)
+@dtask_task(FINALIZE, ignore_result=True)
 def finalize(run_id: int) -> None:
     state = finalize_run(services.store(), run_id)
     log.info("run %s finalized: %s", run_id, state.value)

@@ -356,3 +356,20 @@ def hanging_split(ctx: dtask.ChildContext, a: int) -> None:
 )
 def big_checkpoint(ctx: dtask.ChildContext, kb: int) -> None:
     ctx.checkpoint({"blob": "x" * (kb * 1024)})
+
+
+@dtask.template(
+    "tiny",
+    params={"n": int, "fail_every": int},
+    skeleton={"start": 0, "end": "${n}", "fail_every": "${fail_every}"},
+    split=lambda r: [{"i": i, "fail_every": r["fail_every"]} for i in range(r["start"], r["end"])],
+    max_attempts=2,
+)
+def tiny(ctx: dtask.ChildContext, i: int, fail_every: int) -> int:
+    """A child of about a millisecond that writes its index to the run's sink file; with
+    ``fail_every`` > 0, every ``fail_every``-th child fails its first attempt."""
+    if fail_every and i % fail_every == 0 and ctx.attempt == 1:
+        raise RuntimeError(f"child {i} fails its first attempt")
+    with (Path(os.environ["DTASK_TEST_SINK"]) / f"{ctx.run_id}.tiny").open("a") as out:
+        out.write(f"{i} {os.getpid()}\n")
+    return i

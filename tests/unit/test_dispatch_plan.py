@@ -8,7 +8,17 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtask.domain.dispatch import Demand, Passes, Share, plan, window
+from dtask.domain.dispatch import (
+    BATCH_SECONDS,
+    MAX_BATCH,
+    Demand,
+    Passes,
+    Share,
+    batch_size,
+    plan,
+    whole_messages,
+    window,
+)
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)
 
@@ -118,3 +128,35 @@ def test_the_window_follows_the_slots_and_the_pace() -> None:
     assert window(2, 0.0, 0.05, None) == 4  # slow children: one running and one next per slot
     assert window(2, 400.0, 0.05, None) == 44  # fast ones: plus two passes' worth
     assert window(2, 400.0, 0.05, 7) == 7
+
+
+def test_a_batch_of_short_children_fills_the_window_per_slot() -> None:
+    assert window(2, 0.0, 0.05, None, batch=25) == 100  # two messages of 25 per slot
+    assert window(2, 400.0, 0.05, 7, batch=25) == 7
+
+
+@given(st.one_of(st.none(), st.floats(0.0, 100.0)))
+def test_children_go_several_to_a_message_only_as_many_as_fill_the_batch_time(
+    seconds: float | None,
+) -> None:
+    size = batch_size(seconds)
+    assert 1 <= size <= MAX_BATCH
+    if seconds is None or seconds >= BATCH_SECONDS:
+        assert size == 1  # unmeasured, or long: a message of its own
+    elif size > 1:
+        assert size * seconds <= BATCH_SECONDS * 1.0001  # no child waits past the batch time
+        assert size == MAX_BATCH or (size + 1) * seconds > BATCH_SECONDS * 0.9999
+
+
+def test_the_batch_shrinks_as_children_grow() -> None:
+    sizes = [batch_size(s) for s in (0.0, 0.0001, 0.001, 0.01, 0.03, 0.05, 1.0)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == MAX_BATCH and sizes[-1] == 1
+
+
+def test_short_children_go_in_whole_messages_unless_the_slots_would_starve() -> None:
+    assert whole_messages(37, batch=25, unsent=5000, starving=False) == 25
+    assert whole_messages(24, batch=25, unsent=5000, starving=False) == 0  # next pass
+    assert whole_messages(24, batch=25, unsent=5000, starving=True) == 24
+    assert whole_messages(24, batch=25, unsent=24, starving=False) == 24  # the run's last
+    assert whole_messages(7, batch=1, unsent=5000, starving=False) == 7
