@@ -1,7 +1,7 @@
 """The dtask side of one trivial child, in process and without Celery: claim, heartbeat
 registration, context, finish. What the pool process pays on top of raw Celery per child.
 
-    .venv/bin/python -m bench.child_path [--n 3000] [--profile]
+    .venv/bin/python -m bench.child_path [--n 3000] [--batch K] [--profile]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=3000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--batch", type=int, default=1, help="children per message")
     args = parser.parse_args()
     prepare_environment()
     from dtask import services
     from dtask.domain.templates import registry
     from dtask.services import embedded
-    from dtask.worker import configure, tasks
+    from dtask.worker import batch, configure, tasks
 
     configure()
     store = services.store()
@@ -36,9 +37,19 @@ def main() -> int:
         store.runs.split(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
         store.runs.dispatch(run_id, lambda run, children: None)  # no broker: call the task body
 
+        group = store.runs.get(run_id).group_id
+
         def children(indexes: range) -> None:
-            for i in indexes:
-                tasks.child.run(run_id, i, "bench_noop", {"a": i + 1, "b": i + 1})
+            if args.batch == 1:
+                for i in indexes:
+                    tasks.child.run(run_id, i, "bench_noop", {"a": i + 1, "b": i + 1})
+                return
+            for first in range(indexes.start, indexes.stop, args.batch):
+                items = [
+                    [i, {"a": i + 1, "b": i + 1}]
+                    for i in range(first, min(first + args.batch, indexes.stop))
+                ]
+                batch.children.run(run_id, "bench_noop", group, None, items)
 
         warm = args.n // 10
         children(range(warm))

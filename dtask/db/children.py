@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -156,6 +156,57 @@ class ChildStore:
             if failed.rowcount == 1:
                 return Refusal(ClaimRefusal.FAILED, error)
             return Refusal(ClaimRefusal.BUSY)
+
+    def claim_many(
+        self, run_id: int, indexes: list[int], owner: str, lease_ttl: float
+    ) -> dict[int, Claim]:
+        """Take several children of a run at once (a message of them), those that can be
+        taken: each one's fence moves, all in one durable commit. Their attempts are counted
+        as each starts (``start``), so a worker that dies before reaching one spends none of
+        its attempts; the others are claimed one by one, to learn why not."""
+        with self.db.owner(durable=True) as conn:
+            rows = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET state = 'running', fence = fence + 1,"
+                    " owner = :owner, lease_expires_at = now() + make_interval(secs => :ttl),"
+                    " updated_at = now()"
+                    " WHERE run_id = :run AND index = ANY(:indexes) AND attempt < max_attempts"
+                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+                    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
+                    "   AND r.state IN ('splitting', 'running'))"
+                    " RETURNING index AS position, id, fence, attempt, max_attempts, spec,"
+                    " checkpoint,"
+                    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
+                ),
+                {"run": run_id, "indexes": indexes, "owner": owner, "ttl": lease_ttl},
+            ).all()
+        return {
+            r.position: Claim(r.id, r.fence, r.attempt, r.max_attempts, r.spec, r.checkpoint, r.cap)
+            for r in rows
+        }
+
+    def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
+        """A child taken by ``claim_many`` starts: its attempt is counted and its lease runs
+        from now, under its fence. None when the fence has moved or no attempt is left (then
+        claim it the usual way, which says why)."""
+        with self.db.owner(durable=False) as conn:
+            row = conn.execute(
+                sql(
+                    "UPDATE dtask_children SET attempt = attempt + 1,"
+                    " lease_expires_at = now() + make_interval(secs => :ttl),"
+                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                    " AND attempt < max_attempts RETURNING attempt"
+                ),
+                {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
+            ).first()
+        return None if row is None else replace(claim, attempt=row.attempt)
+
+    def unclaim(self, claim: Claim) -> None:
+        """Hand back a child taken by ``claim_many`` that never started (a drain)."""
+        self._fenced_update(
+            claim, "state = 'pending', owner = NULL, lease_expires_at = NULL, sent_at = now()"
+        )
 
     def _fenced_update(
         self, claim: Claim, assignments: str, durable: bool = False, **params: Any

@@ -12,6 +12,7 @@ as finished.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, NoReturn
 
@@ -19,15 +20,16 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from dtask import services
-from dtask.db import Redispatch
+from dtask.db import Claim, Redispatch
 from dtask.domain.templates import registry
-from dtask.exceptions import ChildFailed
+from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain
 from dtask.worker.dispatch import CHILDREN, publish
 from dtask.worker.tasks import (
     dtask_task,
     finalize_if_last,
     note_time,
+    owner_name,
     run_child,
     template_backoff,
 )
@@ -40,19 +42,38 @@ class Resent(Exception):
 
 
 class InBatch:
-    """A child's delivery inside a batch: a retry is a ``dtask.child`` message of its own."""
+    """A child's delivery inside a batch: a retry is a ``dtask.child`` message of its own
+    (the claim taken with the message handed back first, if the child still holds it)."""
 
     retries = 0
 
-    def __init__(self, child: Redispatch) -> None:
-        self.child = child
+    def __init__(self, child: Redispatch, ahead: Claim | None) -> None:
+        self.child, self.ahead = child, ahead
 
     def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        if self.ahead is not None:
+            _unclaim(self.ahead)
         publish([self.child], countdown=countdown)
         raise Resent()
 
     def ended(self) -> None:
         """The batch's message gets its own final event."""
+
+
+def _claim_ahead(run_id: int, indexes: list[int]) -> dict[int, Claim]:
+    """The message's children that can be taken, in one durable commit (none where PostgreSQL
+    cannot be reached: each is then claimed, or sent back, on its own)."""
+    config = services.current().settings
+    try:
+        return services.store().children.claim_many(run_id, indexes, owner_name(), config.lease_ttl)
+    except DatabaseUnavailable as exc:
+        log.info("run %s: children not claimed ahead: %s", run_id, exc)
+        return {}
+
+
+def _unclaim(claim: Claim) -> None:
+    with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # started, or not ours: as is
+        services.store().children.unclaim(claim)
 
 
 @dtask_task(CHILDREN, bind=True, max_retries=None, track_started=False, ignore_result=True)
@@ -69,18 +90,25 @@ def children(
     try:
         if template not in registry:  # a rolling deploy: the whole message waits elsewhere
             raise self.retry(countdown=template_backoff(self.request.retries), max_retries=None)
+        ahead = _claim_ahead(run_id, [int(i) for i, _ in items])
         took: list[float] = []
         for position, (index, spec) in enumerate(items):
             if drain.DRAINING.is_set():
                 rest = [
                     Redispatch(run_id, i, s, template, group_id, queue) for i, s in items[position:]
                 ]
+                for c in rest:
+                    if c.index in ahead:
+                        _unclaim(ahead[c.index])
                 publish(rest)
                 log.info("run %s: %s children handed over unstarted", run_id, len(rest))
                 break
             child = Redispatch(run_id, int(index), spec, template, group_id, queue)
             try:
-                seconds = run_child(InBatch(child), run_id, child.index, template, spec, False)
+                pre = ahead.get(child.index)
+                seconds = run_child(
+                    InBatch(child, pre), run_id, child.index, template, spec, False, pre
+                )
             except (Ignore, ChildFailed, Resent):
                 continue
             if seconds is not None:

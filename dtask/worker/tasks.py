@@ -289,9 +289,11 @@ def run_child(
     template: str,
     spec: dict[str, Any],
     finalize: bool = True,
+    taken_ahead: Claim | None = None,
 ) -> float | None:
     """Claim, run and finish one child, wherever its message came from; with ``finalize``,
     then finalize its run if it was the last (a batch asks once, after its last child).
+    ``taken_ahead``: the child was claimed with its message's others (it only starts here).
     The seconds it took from claim to finish, or None where it did not run to its end."""
     config = services.current().settings
     began = time.monotonic()
@@ -314,10 +316,17 @@ def run_child(
             )  # fmt: skip
             delivery.retry(config.heartbeat_interval)
         claimed_at = time.monotonic()  # the lease runs from no earlier than this
-        taken = _patiently(
-            lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
-            config.lease_ttl,
-        )
+        taken: Claim | Refusal | None = None
+        if taken_ahead is not None:
+            ahead = taken_ahead
+            taken = _patiently(
+                lambda: store.children.start(ahead, config.lease_ttl), config.lease_ttl
+            )
+        if taken is None:
+            taken = _patiently(
+                lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
+                config.lease_ttl,
+            )
         links.reached()
         if isinstance(taken, Refusal):
             _refused(delivery, run_id, index, taken)
