@@ -318,6 +318,16 @@ def _save(fig: Any, name: str) -> str:
     return name
 
 
+PEERS = REPO / "bench" / "out" / "peers.md"
+
+
+def _peers() -> list[str]:
+    """The side-by-side with stock Celery and Dramatiq (bench/peers.py), where it ran."""
+    if not PEERS.exists():
+        return []
+    return ["## Against its peers", "", PEERS.read_text().rstrip(), ""]
+
+
 def write(results: dict[str, Any]) -> None:
     images = plots(results)
     args = results["args"]
@@ -344,6 +354,7 @@ def write(results: dict[str, Any]) -> None:
         "|:-|---:|:-|",
         *[f"| {t} | {m} | {v} |" for t, m, v in targets(results)],
         "",
+        *_peers(),
         "## 1. Fan-out throughput",
         "",
         f"Median of {args['repeats']} alternating runs per size below {args['big']:,}; sizes from"

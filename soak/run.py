@@ -226,13 +226,23 @@ class Soak:
             if inj.heal:
                 inj.heal()
         self.heals.clear()
-        deadline = time.monotonic() + self.settle
+        began = time.monotonic()
+        deadline = began + self.settle
         while time.monotonic() < deadline:
             self._rerun_due(dtask, float("inf"))
             self._replace_dead()
-            runs = monitor.snapshot.runs.values()
-            if not self.reruns_due and all(
-                r.state in ("succeeded", "failed") for r in runs if r.template.startswith("soak_")
+            snap = monitor.snapshot
+            runs = snap.runs.values()
+            # a snapshot from before the last submission may not hold that run yet: one taken
+            # since settling began does (else a run submitted at the end was left running)
+            if (
+                snap.at > began
+                and not self.reruns_due
+                and all(
+                    r.state in ("succeeded", "failed")
+                    for r in runs
+                    if r.template.startswith("soak_")
+                )
             ):
                 return
             time.sleep(0.5)

@@ -19,7 +19,7 @@ from dtask.domain.runs import ChildState, RunState
 from dtask.domain.templates import Template, TemplateOptions, registry
 from dtask.exceptions import ChildFailed, LeaseLost
 from dtask.settings import Settings
-from dtask.worker.tasks import _run_claimed
+from dtask.worker.tasks import Single, _run_claimed, finalize_if_last
 
 CONFIG = Settings(lease_ttl=1.0, heartbeat_interval=0.1, retry_delay=0.0, execution_cap_grace=60)
 
@@ -160,8 +160,11 @@ def store() -> Iterator[FakeStore]:
 
 
 def run(store: FakeStore, name: str, task: FakeTask | None = None) -> None:
+    """What ``run_child`` does with a claimed child: run it, then finalize if it was last."""
     claim = store.children.claim()
-    _run_claimed(task or FakeTask(), store, claim, 1, 0, name, {"n": 10}, CONFIG, time.monotonic())  # type: ignore[arg-type]
+    delivery = Single(task or FakeTask(), {})  # type: ignore[arg-type]
+    _run_claimed(delivery, store, claim, 1, 0, name, {"n": 10}, CONFIG, time.monotonic())  # type: ignore[arg-type]
+    finalize_if_last(store, 1)  # type: ignore[arg-type]
 
 
 def until(check: Callable[[], bool]) -> None:
