@@ -86,6 +86,36 @@ class ChildDetail:
         }
 
 
+# A claim: the fence moves, the lease is ours; of a child that is pending, or running with an
+# expired lease, with an attempt left, in an active run.
+_TAKE = (
+    "state = 'running', fence = fence + 1, owner = :owner,"
+    " lease_expires_at = now() + make_interval(secs => :ttl), updated_at = now()"
+)
+_TAKEABLE = (
+    "attempt < max_attempts"
+    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
+    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
+    "   AND r.state IN ('splitting', 'running'))"
+)
+_TAKEN = (
+    "id, fence, attempt, max_attempts, spec, checkpoint,"
+    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
+)
+
+
+def _claim(row: Row[Any]) -> Claim:
+    return Claim(
+        child_id=row.id,
+        fence=row.fence,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        spec=row.spec,
+        checkpoint=row.checkpoint,
+        execution_cap=row.cap,
+    )
+
+
 class ChildStore:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -99,29 +129,15 @@ class ChildStore:
         with self.db.owner(durable=True) as conn:
             row = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET state = 'running', attempt = attempt + 1,"
-                    " fence = fence + 1, owner = :owner,"
-                    " lease_expires_at = now() + make_interval(secs => :ttl),"
-                    " started_at = coalesce(started_at, now()), updated_at = now()"
-                    " WHERE run_id = :run AND index = :index AND attempt < max_attempts"
-                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
-                    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
-                    "   AND r.state IN ('splitting', 'running'))"
-                    " RETURNING id, fence, attempt, max_attempts, spec, checkpoint,"
-                    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
+                    f"UPDATE dtask_children SET {_TAKE}, attempt = attempt + 1,"
+                    " started_at = coalesce(started_at, now())"
+                    f" WHERE run_id = :run AND index = :index AND {_TAKEABLE}"
+                    f" RETURNING {_TAKEN}"
                 ),
                 {"run": run_id, "index": index, "owner": owner, "ttl": lease_ttl},
             ).first()
             if row is not None:
-                return Claim(
-                    child_id=row.id,
-                    fence=row.fence,
-                    attempt=row.attempt,
-                    max_attempts=row.max_attempts,
-                    spec=row.spec,
-                    checkpoint=row.checkpoint,
-                    execution_cap=row.cap,
-                )
+                return _claim(row)
             current = conn.execute(
                 sql(
                     "SELECT c.id, c.state, c.attempt, c.max_attempts, c.error,"
@@ -167,23 +183,13 @@ class ChildStore:
         with self.db.owner(durable=True) as conn:
             rows = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET state = 'running', fence = fence + 1,"
-                    " owner = :owner, lease_expires_at = now() + make_interval(secs => :ttl),"
-                    " updated_at = now()"
-                    " WHERE run_id = :run AND index = ANY(:indexes) AND attempt < max_attempts"
-                    " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
-                    " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
-                    "   AND r.state IN ('splitting', 'running'))"
-                    " RETURNING index AS position, id, fence, attempt, max_attempts, spec,"
-                    " checkpoint,"
-                    " (SELECT r.execution_cap FROM dtask_runs r WHERE r.id = :run) AS cap"
+                    f"UPDATE dtask_children SET {_TAKE}"
+                    f" WHERE run_id = :run AND index = ANY(:indexes) AND {_TAKEABLE}"
+                    f" RETURNING index AS position, {_TAKEN}"
                 ),
                 {"run": run_id, "indexes": indexes, "owner": owner, "ttl": lease_ttl},
             ).all()
-        return {
-            r.position: Claim(r.id, r.fence, r.attempt, r.max_attempts, r.spec, r.checkpoint, r.cap)
-            for r in rows
-        }
+        return {r.position: _claim(r) for r in rows}
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         """A child taken by ``claim_many`` starts: its attempt is counted and its lease runs

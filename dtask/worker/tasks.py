@@ -23,7 +23,6 @@ from celery.exceptions import Ignore
 
 from dtask import services
 from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
-from dtask.db.runs import Reducer
 from dtask.domain.context import ChildContext
 from dtask.domain.results import encode_result
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState
@@ -52,7 +51,7 @@ from dtask.worker.dispatch import (
 )
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
-from dtask.worker.results import finalize_run
+from dtask.worker.results import Finalizes, finalize_run
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
@@ -83,24 +82,13 @@ class ChildWrites(Protocol):
     def any_unfinished(self, run_id: int) -> bool: ...
 
 
-class RunReads(Protocol):
-    def get(self, run_id: int) -> RunRecord: ...
-    def finalize(
-        self,
-        run_id: int,
-        wait: bool = True,
-        reduce: Reducer | None = None,
-        released: list[int] | None = None,
-    ) -> RunState: ...
-
-
 class LifecycleStore(Protocol):
     """The part of ``Store`` the child lifecycle uses."""
 
     @property
     def children(self) -> ChildWrites: ...
     @property
-    def runs(self) -> RunReads: ...
+    def runs(self) -> Finalizes: ...
 
 
 TASKS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
