@@ -57,6 +57,9 @@ class Fired:
 
 Decide = Callable[[Schedule, datetime, bool], Firing]
 CHUNK = 500  # schedules decided per transaction (each held at most the beat's limit)
+# a schedule held by something else (a buffered slot, an upstream schedule, an error) is looked
+# at again this much later: a beat's passes then come about a second apart, as before
+LOOK_AGAIN = "interval '1 second'"
 
 
 class ScheduleStore:
@@ -211,7 +214,7 @@ class ScheduleStore:
             conn.execute(
                 text(
                     "UPDATE dtask_schedules SET next_due_at = coalesce(CAST(:due AS timestamptz),"
-                    " now()) WHERE name = :name"
+                    f" now() + {LOOK_AGAIN}) WHERE name = :name"
                 ),
                 {"name": name, "due": firing.due_at},
             )
@@ -246,7 +249,7 @@ class ScheduleStore:
                 " misfired_at = CASE WHEN CAST(:missed AS text) IS NOT NULL THEN now()"
                 "   ELSE misfired_at END,"
                 " misfire_note = coalesce(CAST(:missed AS text), misfire_note),"
-                " next_due_at = coalesce(CAST(:due AS timestamptz), now()),"
+                f" next_due_at = coalesce(CAST(:due AS timestamptz), now() + {LOOK_AGAIN}),"
                 " updated_at = now() WHERE name = :name"
             ),
             {

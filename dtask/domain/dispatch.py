@@ -93,16 +93,6 @@ def batch_size(child_seconds: float | None) -> int:
     return max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(child_seconds, 1e-6))))
 
 
-def whole_messages(count: int, batch: int, unsent: int, starving: bool) -> int:
-    """Of ``count`` children planned for a run, those to send now: whole messages of
-    ``batch`` only, while the queue holds enough to keep its slots busy (the rest goes with
-    the next pass instead of as a small message); all of them for the run's last ones, or
-    when the slots are ``starving``."""
-    if batch <= 1 or starving or count >= unsent:
-        return count
-    return count - count % batch
-
-
 def plan(
     demands: Iterable[Demand], shares: dict[str, Share], free: int, passes: Passes
 ) -> dict[int, int]:

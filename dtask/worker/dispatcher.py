@@ -21,7 +21,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.domain.dispatch import Passes, batch_size, plan, whole_messages, window
+from dtask.domain.dispatch import Passes, batch_size, plan, window
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
 from dtask.worker.loop import Loop
@@ -131,18 +131,15 @@ class Dispatcher:
                     pace.update(queued),
                     settings.dispatch_interval,
                     settings.dispatch_window,
-                    max(batches.values(), default=1),
+                    # the smallest: a queue's long children never get a short run's window
+                    min(batches.values(), default=1),
                 )
                 shares = turn.shares({d.client for d in runs}, clients_out)
                 passes = self.passes.setdefault(name, Passes())
                 passes.forget_except({d.client for d in runs}, {d.run_id for d in runs})
                 queue_sent = 0
                 of = {d.run_id: d for d in runs}
-                starving = queued < slots * max(batches.values(), default=1)
-                for run_id, planned in plan(runs, shares, size - queued, passes).items():
-                    count = whole_messages(planned, batches[run_id], of[run_id].unsent, starving)
-                    if not count:
-                        continue
+                for run_id, count in plan(runs, shares, size - queued, passes).items():
                     children = turn.take(run_id, count)
                     level = broker_priority(of[run_id].priority)
                     queue_sent += publish(

@@ -16,7 +16,6 @@ from dtask.domain.dispatch import (
     Share,
     batch_size,
     plan,
-    whole_messages,
     window,
 )
 
@@ -152,11 +151,3 @@ def test_the_batch_shrinks_as_children_grow() -> None:
     sizes = [batch_size(s) for s in (0.0, 0.0001, 0.001, 0.01, 0.03, 0.05, 1.0)]
     assert sizes == sorted(sizes, reverse=True)
     assert sizes[0] == MAX_BATCH and sizes[-1] == 1
-
-
-def test_short_children_go_in_whole_messages_unless_the_slots_would_starve() -> None:
-    assert whole_messages(37, batch=25, unsent=5000, starving=False) == 25
-    assert whole_messages(24, batch=25, unsent=5000, starving=False) == 0  # next pass
-    assert whole_messages(24, batch=25, unsent=5000, starving=True) == 24
-    assert whole_messages(24, batch=25, unsent=24, starving=False) == 24  # the run's last
-    assert whole_messages(7, batch=1, unsent=5000, starving=False) == 7
