@@ -51,8 +51,8 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: ~21 minutes (bench.peers: dtask, stock Celery and Dramatiq side by
-# side, then bench.run); writes docs/benchmarks.md and docs/benchmarks/*.png.
+# Not part of `make test`: ~23 minutes (bench.peers: dtask, stock Celery, Dramatiq and
+# Procrastinate side by side, then bench.run); writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

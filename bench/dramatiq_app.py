@@ -1,5 +1,7 @@
 """Dramatiq as its users run it, on the benchmark's Redis: a no-op actor and a group's
-completion callback (GroupCallbacks, with Redis as its counter).
+completion callback (GroupCallbacks, with Redis as its counter). With DTASK_BENCH_AMQP_URL set
+(bench.peers --broker amqp) the messages go through RabbitMQ instead (its RabbitmqBroker) while
+the group's counter and the callback's mark stay on the embedded Redis.
 
     dramatiq bench.dramatiq_app --processes 2 --threads 1
 """
@@ -10,14 +12,25 @@ import os
 import time
 
 import dramatiq
+import redis
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import GroupCallbacks
 from dramatiq.rate_limits.backends import RedisBackend
 
-broker = RedisBroker(
-    unix_socket_path=os.environ["DTASK_BENCH_REDIS_SOCKET"], namespace="dramatiq-bench"
-)
-broker.add_middleware(GroupCallbacks(RedisBackend(client=broker.client)))
+AMQP_URL = os.environ.get("DTASK_BENCH_AMQP_URL")
+QUEUES = ("default", "default.DQ", "default.XQ")  # its RabbitMQ queues (delay, dead letters)
+
+broker: dramatiq.Broker
+if AMQP_URL:
+    broker = RabbitmqBroker(url=AMQP_URL)
+    store = redis.Redis(unix_socket_path=os.environ["DTASK_BENCH_REDIS_SOCKET"])
+else:
+    broker = RedisBroker(
+        unix_socket_path=os.environ["DTASK_BENCH_REDIS_SOCKET"], namespace="dramatiq-bench"
+    )
+    store = broker.client
+broker.add_middleware(GroupCallbacks(RedisBackend(client=store)))
 dramatiq.set_broker(broker)
 
 
@@ -28,4 +41,4 @@ def child(a: int, b: int) -> None:
 
 @dramatiq.actor(max_retries=0)
 def done(key: str) -> None:
-    broker.client.set(key, repr(time.time()))
+    store.set(key, repr(time.time()))

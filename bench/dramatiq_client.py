@@ -13,7 +13,7 @@ import uuid
 
 import dramatiq
 
-from bench.dramatiq_app import broker, child, done
+from bench.dramatiq_app import child, done, store
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
 def _wait(key: str, timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = broker.client.get(key)
+        value = store.get(key)
         if value is not None:
             return float(value)
         time.sleep(0.05)

@@ -1,12 +1,20 @@
 """dtask against what its users would pick instead, side by side on this machine: stock
-Celery (a chord with Celery's defaults) and Dramatiq (a group with a completion callback), on
-the same embedded Redis, 2 worker processes each, N no-op children from one submitter, the
-systems' runs alternating.
+Celery (a chord with Celery's defaults), Dramatiq (a group with a completion callback) and
+Procrastinate (on the same PostgreSQL; it has no fan-in, so its client defers N jobs and waits
+for all of them), 2 worker processes each, N no-op children from one submitter, the systems'
+runs alternating.
 
-    .venv/bin/python -m bench.peers [--sizes 2000,10000] [--repeats 3]
+    .venv/bin/python -m bench.peers [--sizes 2000,10000] [--repeats 3] [--broker redis|amqp]
+        [--systems dtask,celery,dramatiq,procrastinate]
+
+--broker redis (the default): every broker is the embedded Redis. --broker amqp: dtask, stock
+Celery and Dramatiq send their messages through RabbitMQ (--amqp-url; by default a vhost of the
+benchmark's own, made with rabbitmqctl, so purging it never touches a test's queues), while
+results and fan-in counters stay on the embedded Redis; its queues are purged first.
+Procrastinate has no broker: it runs on PostgreSQL either way.
 
 Prints a Markdown table (also bench/out/peers.md): each system's median seconds and
-children/s, and dtask's time as a ratio of each other system's. Procrastinate is not here yet.
+children/s, and dtask's time as a ratio of each other system's.
 """
 
 from __future__ import annotations
@@ -14,24 +22,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.cluster import REPO, Workers, prepare_environment
 
-SYSTEMS = ("dtask", "celery", "dramatiq")
+SYSTEMS = ("dtask", "celery", "dramatiq", "procrastinate")
+NAMES = {
+    "dtask": "dtask",
+    "celery": "stock Celery",
+    "dramatiq": "Dramatiq",
+    "procrastinate": "Procrastinate",
+}
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/dtask-bench"
+# what the benchmark's systems declare in RabbitMQ: dtask's queue and its tiers' queues, raw
+# Celery's, and Dramatiq's (bench.dramatiq_app.QUEUES)
+AMQP_QUEUES = ("dtask", "dtask.regular", "dtask.premium", "raw", "default", "default.DQ",
+               "default.XQ")  # fmt: skip
 OUT = REPO / "bench" / "out" / "peers.md"
 
 
-def dramatiq_fanout(n: int) -> float:
+def client(module: str, n: int) -> float:
     out = subprocess.run(
-        [sys.executable, "-m", "bench.dramatiq_client", str(n)],
+        [sys.executable, "-m", module, str(n)],
         capture_output=True, text=True, cwd=REPO, check=True, timeout=3600,
     )  # fmt: skip
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+    measured = json.loads(out.stdout.strip().splitlines()[-1])
+    if measured.get("workers", 2) < 2:  # Procrastinate's client says which processes ran them
+        print(f"  {module} N={n:,}: only {measured['workers']} worker process ran the jobs")
+    return float(measured["seconds"])
 
 
 def one(system: str, n: int, engine: Any) -> float:
@@ -41,68 +65,157 @@ def one(system: str, n: int, engine: Any) -> float:
         return measure.dtask_fanout(engine, n, {}).seconds
     if system == "celery":
         return measure.raw_fanout(n, {}).seconds
-    return dramatiq_fanout(n)
+    return client(f"bench.{system}_client", n)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2000,10000")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--broker", choices=("redis", "amqp"), default="redis")
+    parser.add_argument("--amqp-url", default=AMQP_URL)
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
     args = parser.parse_args()
+    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems:
+        parser.error(f"--systems: unknown {', '.join(unknown) or '(none)'}; from {SYSTEMS}")
+    if args.broker == "amqp":
+        problem = amqp_ready(args.amqp_url)
+        if problem is not None:
+            print(
+                f"bench.peers: RabbitMQ at {_where(args.amqp_url)} not usable: {problem}",
+                file=sys.stderr,
+            )
+            return 2
     work = prepare_environment(DTASK_BENCH_RAW="stock")
     from dtask import services
     from dtask.services import embedded
 
+    home = work / "home"
+    if args.broker == "amqp":  # all three named: dtask refuses a mix of embedded and given
+        os.environ.update(
+            DTASK_DATABASE_URL=embedded.postgres_url(home),
+            DTASK_RESULT_BACKEND=embedded.ensure_redis(home),
+            DTASK_BROKER_URL=args.amqp_url,
+            DTASK_AUTO_MIGRATE="1",
+            DTASK_BENCH_AMQP_URL=args.amqp_url,
+        )
     resolved = services.ensure_broker()
     os.environ["DTASK_BENCH_REDIS_SOCKET"] = str(embedded.redis_socket(resolved.settings.home))
     engine = services.store().engine
     workers = Workers(work)
     seconds: dict[tuple[str, int], list[float]] = {}
     try:
-        workers.ready(workers.dtask(2))
-        workers.raw(2)
-        workers.quiet.add(
-            workers._spawn(
-                [sys.executable, "-m", "dramatiq", "bench.dramatiq_app",
-                 "--processes", "2", "--threads", "1"],
-                "dramatiq",
-            ).pid
-        )  # fmt: skip
-        for system in SYSTEMS:  # warm-up: imports, connections, queues
+        start_workers(workers, systems, resolved.database_url)
+        for system in systems:  # warm-up: imports, connections, queues
             one(system, 100, engine)
         for n in [int(s) for s in args.sizes.split(",")]:
             for rep in range(args.repeats):
-                for system in SYSTEMS[rep % 3 :] + SYSTEMS[: rep % 3]:
+                turn = rep % len(systems)
+                for system in systems[turn:] + systems[:turn]:
                     took = one(system, n, engine)
                     seconds.setdefault((system, n), []).append(took)
                     print(f"{system} N={n:,}: {took:.1f} s ({n / took:,.0f}/s)", flush=True)
     finally:
         workers.stop_all()
         services.reset()
-        embedded.stop(work / "home")
-    table = _table(seconds)
+        embedded.stop(home)
+    table = _table(seconds, broker_line(args.broker, args.amqp_url))
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(table + "\n")
     print(table)
     return 0
 
 
-def _table(seconds: dict[tuple[str, int], list[float]]) -> str:
-    sizes = sorted({n for _, n in seconds})
+def start_workers(workers: Workers, systems: tuple[str, ...], database_url: str) -> None:
+    """Each chosen system's 2 worker processes (one child at a time each)."""
+    if "dtask" in systems:
+        workers.ready(workers.dtask(2))
+    if "celery" in systems:
+        workers.raw(2)
+    if "dramatiq" in systems:
+        argv = [sys.executable, "-m", "dramatiq", "bench.dramatiq_app",
+                "--processes", "2", "--threads", "1"]  # fmt: skip
+        workers.quiet.add(workers._spawn(argv, "dramatiq").pid)
+    if "procrastinate" in systems:
+        from bench.procrastinate_app import create_database
+
+        dsn = database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        os.environ["DTASK_BENCH_PROCRASTINATE_DSN"] = create_database(dsn)
+        # at WARNING, as stock Celery's worker here: at its default (INFO) it logs every job
+        argv = [sys.executable, "-m", "procrastinate", "--app", "bench.procrastinate_app.app",
+                "--log-level", "warning", "worker", "--concurrency", "1"]  # fmt: skip
+        for _ in range(2):
+            workers.quiet.add(workers._spawn(argv, "procrastinate").pid)
+
+
+def amqp_ready(url: str) -> str | None:
+    """Why RabbitMQ at ``url`` cannot be used, if it cannot; else purge the benchmark's
+    queues there (so no leftover from an earlier run is counted) and return None."""
+    from kombu import Connection
+
+    vhost = urlsplit(url).path[1:] or "/"
+    if url == AMQP_URL and shutil.which("rabbitmqctl"):  # the benchmark's own vhost
+        for argv in (
+            ["add_vhost", vhost],
+            ["set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"],
+        ):
+            subprocess.run(["rabbitmqctl", *argv], capture_output=True, timeout=60, check=False)
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+            for name in AMQP_QUEUES:
+                channel = conn.channel()
+                try:
+                    purged = channel.queue_purge(name)
+                    if purged:
+                        print(f"purged {purged} leftover messages from {name!r} ({vhost})")
+                except conn.channel_errors:  # no such queue (the broker closes the channel)
+                    pass
+                finally:
+                    channel.close()
+    except Exception as exc:  # kombu and amqp raise many kinds: say what it was
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def broker_line(broker: str, amqp_url: str) -> str:
+    if broker == "redis":
+        return "broker: the embedded Redis (results and fan-in counters too)"
+    return (
+        f"broker: RabbitMQ ({_where(amqp_url)})"
+        " for dtask, stock Celery and Dramatiq; results and fan-in counters on the embedded Redis"
+    )
+
+
+def _where(amqp_url: str) -> str:
+    """host:port/vhost, without the credentials."""
+    url = urlsplit(amqp_url)
+    return f"{url.hostname}:{url.port or 5672}{url.path or '/'}"
+
+
+def _table(seconds: dict[tuple[str, int], list[float]], broker: str) -> str:
+    ran = [s for s in SYSTEMS if any(system == s for system, _ in seconds)]
+    others = [s for s in ran if s != "dtask"] if "dtask" in ran else []
     lines = [
-        f"`python -m bench.peers` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:"
-        " median seconds (children/s) of each system's runs, and dtask's time over each.",
+        f"`python -m bench.peers` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())},"
+        f" {broker}{' (Procrastinate: PostgreSQL only)' if 'procrastinate' in ran else ''}:"
+        " median seconds (children/s) of each system's runs"
+        + (", and dtask's time over each." if others else "."),
         "",
-        "| N | dtask | stock Celery | Dramatiq | dtask / Celery | dtask / Dramatiq |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| N | "
+        + " | ".join([NAMES[s] for s in ran] + [f"dtask / {NAMES[s]}" for s in others])
+        + " |",
+        "|---:" * (1 + len(ran) + len(others)) + "|",
     ]
-    for n in sizes:
-        med = {s: statistics.median(seconds[(s, n)]) for s in SYSTEMS}
-        cells = [f"{med[s]:.1f} s ({n / med[s]:,.0f}/s)" for s in SYSTEMS]
-        lines.append(
-            f"| {n:,} | {' | '.join(cells)} | {med['dtask'] / med['celery']:.2f}x"
-            f" | {med['dtask'] / med['dramatiq']:.2f}x |"
-        )
+    for n in sorted({n for _, n in seconds}):
+        med = {s: statistics.median(seconds[(s, n)]) for s in ran if (s, n) in seconds}
+        cells = [f"{med[s]:.1f} s ({n / med[s]:,.0f}/s)" if s in med else "-" for s in ran]
+        ratios = [
+            f"{med['dtask'] / med[s]:.2f}x" if "dtask" in med and s in med else "-" for s in others
+        ]
+        lines.append(f"| {n:,} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines)
 
 

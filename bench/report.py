@@ -322,7 +322,8 @@ PEERS = REPO / "bench" / "out" / "peers.md"
 
 
 def _peers() -> list[str]:
-    """The side-by-side with stock Celery and Dramatiq (bench/peers.py), where it ran."""
+    """The side-by-side with stock Celery, Dramatiq and Procrastinate (bench/peers.py), where it
+    ran."""
     if not PEERS.exists():
         return []
     return ["## Against its peers", "", PEERS.read_text().rstrip(), ""]
