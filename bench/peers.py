@@ -121,7 +121,7 @@ def main() -> int:
         workers.stop_all()
         services.reset()
         embedded.stop(home)
-    table = _table(seconds, broker_line(args.broker, args.amqp_url))
+    table = _table(seconds, broker_line(args.broker, args.amqp_url, systems))
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(table + "\n")
     print(table)
@@ -180,12 +180,16 @@ def amqp_ready(url: str) -> str | None:
     return None
 
 
-def broker_line(broker: str, amqp_url: str) -> str:
+def broker_line(broker: str, amqp_url: str, systems: tuple[str, ...]) -> str:
+    brokered = [NAMES[s] for s in SYSTEMS if s in systems and s != "procrastinate"]
+    if not brokered:
+        return "no broker"
     if broker == "redis":
         return "broker: the embedded Redis (results and fan-in counters too)"
     return (
-        f"broker: RabbitMQ ({_where(amqp_url)})"
-        " for dtask, stock Celery and Dramatiq; results and fan-in counters on the embedded Redis"
+        f"broker: RabbitMQ ({_where(amqp_url)}) for"
+        f" {', '.join(brokered[:-1])}{' and ' if len(brokered) > 1 else ''}{brokered[-1]};"
+        " results and fan-in counters on the embedded Redis"
     )
 
 
