@@ -37,7 +37,7 @@ from dtask.exceptions import (
 )
 from dtask.worker import configure
 from dtask.worker.dispatch import send_master
-from dtask.worker.results import forget
+from dtask.worker.results import forget_run
 
 
 class Run:
@@ -95,7 +95,7 @@ class Run:
         state = store.runs.cancel(self.id)
         if state is not RunState.CANCELLED:
             raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
-        forget(store, self.id)
+        forget_run(store, self.id)
         return self.status()
 
     def rerun(self) -> RunStatus:

@@ -7,6 +7,7 @@ from dtask.db.recovery import Redispatch, Waiting
 from dtask.db.run_inserts import NewRun
 from dtask.db.runs import RunRecord
 from dtask.db.store import Store
+from dtask.db.workers import WorkerInfo
 
 __all__ = [
     "ChildView",
@@ -19,5 +20,6 @@ __all__ = [
     "RunRecord",
     "Store",
     "Waiting",
+    "WorkerInfo",
     "engine_for",
 ]

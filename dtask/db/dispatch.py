@@ -5,7 +5,7 @@ commits (a crash in between only re-sends; the claim's fence drops the copy)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -36,25 +36,30 @@ class DispatchPass:
         """Runs with unsent children, per queue."""
         rows = self.conn.execute(
             sql(
-                "SELECT id, client, priority, deadline, unsent, queue, child_seconds"
+                "SELECT id, client, priority, deadline, unsent, queue, child_seconds, template"
                 " FROM dtask_runs"
                 " WHERE unsent > 0 AND state = 'running'"
             )
         ).all()
         found: dict[str | None, list[Demand]] = {}
         for r in rows:
-            demand = Demand(r.id, r.client, r.priority, r.deadline, r.unsent, r.child_seconds)
+            demand = Demand(
+                r.id, r.client, r.priority, r.deadline, r.unsent, r.child_seconds, r.template
+            )
             found.setdefault(r.queue, []).append(demand)
         return found
 
-    def out(self) -> tuple[dict[str | None, Out], dict[str, int]]:
-        """Per queue what is out (queued, running), and per client its children out. Counted
+    def out(
+        self, runnable: Callable[[str | None, str], bool] = lambda queue, template: True
+    ) -> tuple[dict[str | None, Out], dict[str, int]]:
+        """Per queue what is out (queued, running), and per client its children out, but for
+        runs that no live worker of their queue can run (``runnable``). Counted
         run by run through indexes that hold only what is out (a partial index on the sent
         and unclaimed), so a pass costs the window, not the runs' sizes: one scan of a
         100,000-child run's rows took 72 ms, more than a pass's interval."""
         rows = self.conn.execute(
             sql(
-                "SELECT r.queue, r.client,"
+                "SELECT r.queue, r.client, r.template,"
                 " (SELECT count(*) FROM dtask_children c WHERE c.run_id = r.id"
                 "   AND c.state = 'pending' AND c.sent_at IS NOT NULL) AS queued,"
                 " (SELECT count(*) FROM dtask_children c WHERE c.run_id = r.id"
@@ -65,7 +70,7 @@ class DispatchPass:
         queues: dict[str | None, Out] = {}
         clients: dict[str, int] = {}
         for r in rows:
-            if not (r.queued or r.running):
+            if not (r.queued or r.running) or not runnable(r.queue, r.template):
                 continue
             seen = queues.get(r.queue, Out(0, 0))
             queues[r.queue] = Out(seen.queued + r.queued, seen.running + r.running)

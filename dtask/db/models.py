@@ -288,6 +288,9 @@ class WorkerRow(Base):
     idle_since: Mapped[datetime | None] = mapped_column(  # NULL while busy
         DateTime(timezone=True), server_default=func.now(), nullable=True
     )
+    templates: Mapped[list[str] | None] = mapped_column(  # NULL: not reported (knows any)
+        ARRAY(String(200)), nullable=True
+    )
 
 
 class TokenRow(Base):

@@ -3,7 +3,7 @@ runs, runs whose chord callback never ran, runs past their deadline."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,6 +38,8 @@ class Waiting:
     pending: int
     overdue: int  # sent over a stall timeout ago
     started: int  # children started within a stall timeout: the queue moves
+    templates: tuple[str, ...] = ()  # of the runs counted
+    fastest: float | None = None  # the shortest child time of those runs (their batches)
 
 
 class RecoveryStore:
@@ -100,14 +102,20 @@ class RecoveryStore:
             counters.observe_failovers(conn, (lease_ttl + float(r.overdue) for r in resent))
         return [redispatch_from_row(r) for r in resent]
 
-    def waiting(self, stall: float) -> list[Waiting]:
-        """Per queue of running runs: how many children are pending (their messages should be
-        in the broker), how many of those were sent over ``stall`` seconds ago, and how many
-        children started within ``stall`` (whether anyone consumes the queue)."""
+    def waiting(
+        self,
+        stall: float,
+        runnable: Callable[[str | None, str], bool] = lambda queue, template: True,
+    ) -> list[Waiting]:
+        """Per queue of running runs that a live worker can run (``runnable``): how many
+        children are pending (their messages should be in the broker), how many of those were
+        sent over ``stall`` seconds ago, and how many children started within ``stall``
+        (whether anyone consumes the queue)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT r.queue, count(*) FILTER (WHERE c.state = 'pending') AS pending,"
+                    "SELECT r.queue, r.template, min(r.child_seconds) AS fastest,"
+                    " count(*) FILTER (WHERE c.state = 'pending') AS pending,"
                     " count(*) FILTER (WHERE c.state = 'pending'"
                     "   AND c.sent_at < now() - make_interval(secs => :stall)) AS overdue,"
                     " count(*) FILTER (WHERE c.state <> 'pending') AS started"
@@ -115,15 +123,31 @@ class RecoveryStore:
                     " WHERE r.state = 'running'"
                     " AND ((c.state = 'pending' AND c.sent_at IS NOT NULL)"  # unsent: not lost
                     "   OR c.started_at > now() - make_interval(secs => :stall))"
-                    " GROUP BY r.queue"
+                    " GROUP BY r.queue, r.template"
                 ),
                 {"stall": stall},
             ).all()
-        return [Waiting(r.queue, int(r.pending), int(r.overdue), int(r.started)) for r in rows]
+        queues: dict[str | None, Waiting] = {}
+        for r in rows:
+            if not runnable(r.queue, r.template):
+                continue
+            w = queues.get(r.queue, Waiting(r.queue, 0, 0, 0))
+            times = [t for t in (w.fastest, r.fastest) if t is not None]
+            queues[r.queue] = Waiting(
+                r.queue,
+                w.pending + int(r.pending),
+                w.overdue + int(r.overdue),
+                w.started + int(r.started),
+                (*w.templates, r.template),
+                min(times, default=None),
+            )
+        return list(queues.values())
 
-    def take_overdue(self, queue: str | None, stall: float, limit: int) -> list[Redispatch]:
-        """The ``limit`` pending children of running runs in ``queue`` sent longest ago (over
-        ``stall`` seconds), marked sent now: the caller re-sends them.
+    def take_overdue(
+        self, queue: str | None, templates: Sequence[str], stall: float, limit: int
+    ) -> list[Redispatch]:
+        """The ``limit`` pending children of running runs of ``templates`` in ``queue`` sent
+        longest ago (over ``stall`` seconds), marked sent now: the caller re-sends them.
 
         Oldest first: in a queue each broker delivers in order, so a lost message is older than
         every message still waiting; only the queue's head and messages held by workers
@@ -137,11 +161,12 @@ class RecoveryStore:
                     "   WHERE o.state = 'pending'"
                     "   AND o.sent_at < now() - make_interval(secs => :stall)"
                     "   AND q.state = 'running' AND q.queue IS NOT DISTINCT FROM :queue"
+                    "   AND q.template = ANY(:templates)"
                     "   ORDER BY o.sent_at, o.id LIMIT :limit FOR UPDATE OF o SKIP LOCKED)"
                     " AND r.id = c.run_id"
                     " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
                 ),
-                {"queue": queue, "stall": stall, "limit": limit},
+                {"queue": queue, "templates": list(templates), "stall": stall, "limit": limit},
             ).all()
             counters.add(conn, counters.REDISPATCHED, len(rows))
         return [redispatch_from_row(r) for r in rows]

@@ -287,12 +287,13 @@ class RunStore(RunInserts):
         wait: bool = True,
         reduce: Reducer | None = None,
         released: list[int] | None = None,
+        ended: list[str] | None = None,
     ) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op.
         The dependents a success releases are added to ``released``: their masters are the
-        caller's to send. With ``wait=False`` a run whose lock is held is left as it is. A
-        succeeding run's
-        result is ``reduce(run, children's results)`` (JSON text), computed between two
+        caller's to send; the chord this call ended (its group id), to ``ended``. With
+        ``wait=False`` a run whose lock is held is left as it is. A succeeding run's result is
+        ``reduce(run, children's results)`` (JSON text), computed between two
         transactions, so no lock is held while that user code runs: the second one writes only
         if the run is still the same dispatch, finished. A DtaskError from the reduce fails the
         run with its message; UnknownTemplate leaves the run to a process that knows it."""
@@ -334,6 +335,8 @@ class RunStore(RunInserts):
                 return run.state
             if released is not None:
                 released.extend(settled)
+            if ended is not None and run.group_id is not None:
+                ended.append(run.group_id)
             return final
 
     @staticmethod

@@ -20,6 +20,7 @@ class WorkerInfo:
     seen_ago: float  # seconds, by PostgreSQL's clock
     busy: int = 0  # children running on it at its last report
     idle_for: float | None = None  # seconds without a child; None while busy
+    templates: tuple[str, ...] | None = None  # the templates it can run (None: not reported)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -31,6 +32,7 @@ class WorkerInfo:
             "seen_ago": round(self.seen_ago, 1),
             "busy": self.busy,
             "idle_for": None if self.idle_for is None else round(self.idle_for, 1),
+            "templates": None if self.templates is None else list(self.templates),
         }
 
 
@@ -38,17 +40,27 @@ class WorkerStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def report(self, name: str, queues: Sequence[str], slots: int, pid: int, busy: int) -> None:
-        """This worker is alive, consumes ``queues``, runs up to ``slots`` children and is
-        running ``busy`` now. Rows of workers that stopped reporting stay (the monitor's
-        `worker_lost` alert) until the monitor forgets them."""
+    def report(
+        self,
+        name: str,
+        queues: Sequence[str],
+        slots: int,
+        pid: int,
+        busy: int,
+        templates: Sequence[str] | None = None,
+    ) -> None:
+        """This worker is alive, consumes ``queues``, runs up to ``slots`` children of
+        ``templates`` and is running ``busy`` now. Rows of workers that stopped reporting
+        stay (the monitor's `worker_lost` alert) until the monitor forgets them."""
         with self.db.tx() as conn:
             conn.execute(
                 sql(
-                    "INSERT INTO dtask_workers (name, queues, slots, pid, busy, idle_since)"
+                    "INSERT INTO dtask_workers"
+                    " (name, queues, slots, pid, busy, idle_since, templates)"
                     " VALUES (:name, :queues, :slots, :pid, :busy,"
-                    "   CASE WHEN :busy > 0 THEN NULL ELSE now() END)"
+                    "   CASE WHEN :busy > 0 THEN NULL ELSE now() END, :templates)"
                     " ON CONFLICT (name) DO UPDATE SET queues = excluded.queues,"
+                    " templates = excluded.templates,"
                     " slots = excluded.slots, pid = excluded.pid, seen_at = now(),"
                     " busy = excluded.busy,"
                     " idle_since = CASE WHEN excluded.busy > 0 THEN NULL"
@@ -57,7 +69,14 @@ class WorkerStore:
                     " started_at = CASE WHEN dtask_workers.pid = excluded.pid"
                     "   THEN dtask_workers.started_at ELSE now() END"
                 ),
-                {"name": name, "queues": sorted(queues), "slots": slots, "pid": pid, "busy": busy},
+                {
+                    "name": name,
+                    "queues": sorted(queues),
+                    "slots": slots,
+                    "pid": pid,
+                    "busy": busy,
+                    "templates": None if templates is None else sorted(templates),
+                },
             )
 
     def leave(self, name: str) -> None:
@@ -83,7 +102,8 @@ class WorkerStore:
                 sql(
                     "SELECT name, queues, slots, pid, started_at,"
                     " extract(epoch FROM now() - seen_at) AS seen_ago, busy,"
-                    " extract(epoch FROM now() - idle_since) AS idle_for FROM dtask_workers"
+                    " extract(epoch FROM now() - idle_since) AS idle_for, templates"
+                    " FROM dtask_workers"
                     " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
                 ),
                 {"within": within},
@@ -98,6 +118,7 @@ class WorkerStore:
                 float(r.seen_ago),
                 r.busy,
                 None if r.idle_for is None else float(r.idle_for),
+                None if r.templates is None else tuple(r.templates),
             )
             for r in rows
         ]

@@ -33,6 +33,16 @@ class Demand:
     deadline: datetime | None
     unsent: int  # children not yet sent
     child_seconds: float | None = None  # a child's measured time (None: none finished yet)
+    template: str = ""
+
+
+def runnable(template: str, known: Iterable[tuple[str, ...] | None]) -> bool:
+    """Whether a queue's live workers (the templates each knows, None where one did not say)
+    can run ``template``. Yes where none is live: the broker keeps the messages for the first
+    to come. No where all of them say they do not know it (a rolling deploy took it away):
+    its children would only circle between them, holding the queue's window."""
+    workers = list(known)
+    return not workers or any(t is None or template in t for t in workers)
 
 
 @dataclass(frozen=True)

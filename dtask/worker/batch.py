@@ -28,6 +28,7 @@ from dtask.worker.dispatch import CHILDREN, publish
 from dtask.worker.tasks import (
     dtask_task,
     finalize_if_last,
+    hand_over,
     note_time,
     owner_name,
     run_child,
@@ -94,14 +95,12 @@ def children(
         took: list[float] = []
         for position, (index, spec) in enumerate(items):
             if drain.DRAINING.is_set():
-                rest = [
-                    Redispatch(run_id, i, s, template, group_id, queue) for i, s in items[position:]
-                ]
-                for c in rest:
-                    if c.index in ahead:
-                        _unclaim(ahead[c.index])
-                publish(rest)
-                log.info("run %s: %s children handed over unstarted", run_id, len(rest))
+                rest = [(int(i), s) for i, s in items[position:]]
+                for i, _ in rest:
+                    if i in ahead:
+                        _unclaim(ahead[i])
+                if hand_over(services.store(), run_id, template, rest):
+                    log.info("run %s: %s children handed over unstarted", run_id, len(rest))
                 break
             child = Redispatch(run_id, int(index), spec, template, group_id, queue)
             try:

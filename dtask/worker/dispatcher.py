@@ -21,11 +21,12 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.domain.dispatch import Passes, batch_size, plan, window
+from dtask.domain.dispatch import Passes, batch_size, plan, runnable, window
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
 from dtask.worker.loop import Loop
 from dtask.worker.reaper import Sender
+from dtask.worker.registry import knowing
 
 log = logging.getLogger("dtask.worker")
 
@@ -117,10 +118,16 @@ class Dispatcher:
             demands = turn.demands()
             if not demands:
                 return 0
-            queues_out, clients_out = turn.out()
             workers = store.workers.live(settings.worker_seen_within)
-            for queue, runs in demands.items():
+            known = knowing(workers)
+            queues_out, clients_out = turn.out(
+                lambda queue, template: runnable(template, known.get(queue or DEFAULT_QUEUE, []))
+            )
+            for queue, waiting in demands.items():
                 name = queue or DEFAULT_QUEUE
+                runs = [d for d in waiting if runnable(d.template, known.get(name, []))]
+                if not runs:
+                    continue
                 out = queues_out.get(queue)
                 queued = out.queued if out else 0
                 pace = self.paces.setdefault(name, Pace())

@@ -30,6 +30,7 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.db import Store, Waiting
+from dtask.domain.dispatch import batch_size, runnable
 from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
@@ -258,7 +259,9 @@ def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> i
     """Re-send children not claimed a stall timeout after their message was sent, each queue
     on its own (a queue whose broker fails is logged and skipped)."""
     resent = 0
-    for waiting in store.recovery.waiting(config.stall_timeout):
+    known = registry.knowing(store.workers.live(config.worker_seen_within))
+    can = partial(_runnable, known)
+    for waiting in store.recovery.waiting(config.stall_timeout, can):
         if waiting.overdue and budget.left():
             name = waiting.queue or DEFAULT_QUEUE
             step = partial(_resend_queue, store, config, budget, sender, waiting)
@@ -266,23 +269,29 @@ def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> i
     return resent
 
 
+def _runnable(known: dict[str, list[tuple[str, ...] | None]], queue: str | None, tpl: str) -> bool:
+    """No copies of children that no live worker of their queue can run: they would circle."""
+    return runnable(tpl, known.get(queue or DEFAULT_QUEUE, []))
+
+
 def _resend_queue(
     store: Store, config: Settings, budget: Budget, sender: Sender, waiting: Waiting
 ) -> int:
     """What the broker holds cannot say which messages are missing, only how many at least
-    (pending in PostgreSQL minus ready in the queue): that many of the oldest are re-sent.
+    (pending in PostgreSQL minus what the queue's messages may hold, each up to its runs'
+    largest batch): that many of the oldest are re-sent.
     A queue that moves (children started within the stall timeout) may still hide a lost
     message behind a healthy backlog: there at least ``resend_batch`` are. A queue nobody
     consumes gets no blind copies: they would only pile up. A copy of a child that runs or
     ran is refused by its claim."""
     name = waiting.queue or DEFAULT_QUEUE
-    missing = waiting.pending - queue_size(name)
+    missing = waiting.pending - queue_size(name) * batch_size(waiting.fastest)
     blind = config.resend_batch if waiting.started else 0
     todo = min(waiting.overdue, max(blind, missing), MOST_RESENT)
     resent = 0
     while todo > 0 and budget.left():
         lost = store.recovery.take_overdue(
-            waiting.queue, config.stall_timeout, min(todo, PUBLISH_BATCH)
+            waiting.queue, waiting.templates, config.stall_timeout, min(todo, PUBLISH_BATCH)
         )
         if not lost:
             break

@@ -14,6 +14,8 @@ from celery.signals import worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
 
 from dtask import services
+from dtask.db import WorkerInfo
+from dtask.domain.templates import registry
 
 log = logging.getLogger("dtask.worker")
 _me: tuple[str, tuple[str, ...], int] | None = None
@@ -40,7 +42,9 @@ def report() -> None:
     with _lock:
         if _me is not None:
             name, queues, slots = _me
-            services.store().workers.report(name, queues, slots, os.getpid(), busy())
+            services.store().workers.report(
+                name, queues, slots, os.getpid(), busy(), registry.names()
+            )
 
 
 def _ready(sender: Any = None, **_: Any) -> None:
@@ -67,3 +71,12 @@ def _leave(**_: Any) -> None:
 def install() -> None:
     worker_ready.connect(_ready, weak=False)
     worker_shutting_down.connect(_leave, weak=False)
+
+
+def knowing(workers: list[WorkerInfo]) -> dict[str, list[tuple[str, ...] | None]]:
+    """Per queue, the templates each of its live workers knows."""
+    known: dict[str, list[tuple[str, ...] | None]] = {}
+    for w in workers:
+        for queue in w.queues:
+            known.setdefault(queue, []).append(w.templates)
+    return known

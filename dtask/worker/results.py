@@ -35,6 +35,7 @@ class Finalizes(Protocol):
         wait: bool = True,
         reduce: Reducer | None = None,
         released: list[int] | None = None,
+        ended: list[str] | None = None,
     ) -> RunState: ...
 
 
@@ -51,21 +52,31 @@ def finalize_run(
 ) -> RunState:
     """Finalize the run with its template's reduce (every finalizer goes through here), wake
     the masters of the dependents its success released, and drop what Celery's result
-    backend still keeps of the run's chord: its done marker turns the parts still to return
-    (the last child's own, a batch's) into no-ops."""
+    backend still keeps of the run's chord (once, by the call that ended it): its done
+    marker turns the parts still to return (the last child's own, a batch's) into no-ops."""
     released: list[int] = []
-    state = store.runs.finalize(run_id, wait=wait, reduce=reducer, released=released)
+    ended: list[str] = []
+    state = store.runs.finalize(run_id, wait=wait, reduce=reducer, released=released, ended=ended)
     start_released(run_id, released, producer)
-    if state.finished:
-        forget(store, run_id)
+    for group in ended:
+        forget(run_id, group)
     return state
 
 
-def forget(store: FinalizingStore, run_id: int) -> None:
+def forget_run(store: FinalizingStore, run_id: int) -> None:
+    """``forget`` for a run ended elsewhere (cancelled): its chord is the one it has now."""
     try:
         group = store.runs.get(run_id).group_id
-        if group is not None:
-            forget_chord(group)
+    except Exception as exc:
+        log.warning("run %s: its chord's keys in the result backend stay: %s", run_id, exc)
+        return
+    if group is not None:
+        forget(run_id, group)
+
+
+def forget(run_id: int, group: str) -> None:
+    try:
+        forget_chord(group)
     except Exception as exc:  # they expire by themselves (result_expires)
         log.warning("run %s: its chord's keys in the result backend stay: %s", run_id, exc)
 

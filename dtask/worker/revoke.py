@@ -19,7 +19,7 @@ from celery.signals import task_revoked
 from dtask import services
 from dtask.domain.runs import RunState
 from dtask.worker.dispatch import CHILD, MASTER
-from dtask.worker.results import finalize_run, forget
+from dtask.worker.results import finalize_run, forget_run
 
 log = logging.getLogger("dtask.worker")
 
@@ -43,7 +43,7 @@ def _on_revoked(
             log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)
             store = services.store()
             if store.runs.cancel(run_id) is RunState.CANCELLED:
-                forget(store, run_id)
+                forget_run(store, run_id)
     except Exception:  # a revoke must never break the worker's consumer
         log.exception("handling the revoke of %s %s failed", name, getattr(request, "id", "?"))
 

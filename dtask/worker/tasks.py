@@ -263,7 +263,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     try:
         delivery = Single(self, readable(template, run_id, index, spec))
         took = run_child(delivery, run_id, index, template, spec)
-        if took is not None:
+        if took is not None and noted(index):
             note_time(run_id, took)
     finally:
         if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
@@ -335,6 +335,13 @@ def run_child(
         delivery.retry(config.lease_ttl)
 
 
+def noted(index: int) -> bool:
+    """Whether a child sent alone notes its time: the first few of a run (the dispatcher's
+    first batch size comes from them), then one in ten (its moving average needs no more,
+    and a write per child would cost what batches save)."""
+    return index < 4 or index % 10 == 0
+
+
 def note_time(run_id: int, seconds: float) -> None:
     """What the dispatcher sizes the run's messages by; a failure only leaves it older."""
     try:
@@ -348,9 +355,16 @@ def _hand_over(
 ) -> bool:
     """Re-send a child this worker let go of, ahead of first-time children; False when its run
     is no longer active (cancelled): nothing goes on with it."""
+    return hand_over(store, run_id, template, [(index, spec)])
+
+
+def hand_over(
+    store: LifecycleStore, run_id: int, template: str, items: list[tuple[int, dict[str, Any]]]
+) -> bool:
+    """``_hand_over`` for several children of one run, in one publish."""
     run = store.runs.get(run_id)
     if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
-        publish([Redispatch(run_id, index, spec, template, run.group_id, run.queue)])
+        publish([Redispatch(run_id, i, s, template, run.group_id, run.queue) for i, s in items])
         return True
     return False
 

@@ -77,3 +77,35 @@ def test_children_are_left_unclaimed_to_workers_that_know_the_template(
     attempts = [attempt for _, _, attempt in children(run.id)]
     assert len(attempts) == 10 and set(attempts) == {1}  # no attempt spent on the other worker
     assert "does not know template 'slow_range'" in without_the_template.output()
+
+
+def test_a_run_no_live_worker_can_run_does_not_hold_its_queue(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The only worker that knew a running run's template dies, and the one that replaces it
+    does not know it (a deploy took the template away): the run waits, and the queue's other
+    runs go on (its children held the dispatcher's window, so nothing else was sent)."""
+    env = {**dtask_env, "DTASK_STALL_TIMEOUT": "3"}
+    knows = WorkerProcess(env, tmp_path / "knows.log", "-c", "2")
+    try:
+        knows.wait_ready()
+        stranded = submit("slow_range", {"n": 4000, "delay": 0.05})  # 200 children of 1 s
+        wait_for(
+            lambda: sum(attempt > 0 for _, _, attempt in children(stranded.id)) >= 2,
+            60,
+            "children of the first run to start",
+        )
+    finally:
+        knows.kill()
+        knows.stop()  # closes its log
+    without = WorkerProcess({**env, "DTASK_TEMPLATES": ""}, tmp_path / "without.log", "-c", "2")
+    try:
+        without.wait_ready()
+        run = submit("sum_squares", {"n": 5000})
+        status = run.wait(timeout=120)
+        assert status.state is RunState.SUCCEEDED
+        assert status.result == sum(i * i for i in range(1, 5001))
+        assert state(stranded.id) is RunState.RUNNING  # waiting for a worker that knows it
+    finally:
+        stranded.cancel()
+        without.stop()

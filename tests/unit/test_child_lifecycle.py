@@ -100,7 +100,12 @@ class FakeRuns:
         self.finalized: list[int] = []
 
     def finalize(
-        self, run_id: int, wait: bool = True, reduce: Any = None, released: Any = None
+        self,
+        run_id: int,
+        wait: bool = True,
+        reduce: Any = None,
+        released: Any = None,
+        ended: Any = None,
     ) -> RunState:
         self.finalized.append(run_id)
         return RunState.SUCCEEDED

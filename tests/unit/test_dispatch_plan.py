@@ -16,6 +16,7 @@ from dtask.domain.dispatch import (
     Share,
     batch_size,
     plan,
+    runnable,
     window,
 )
 
@@ -151,3 +152,21 @@ def test_the_batch_shrinks_as_children_grow() -> None:
     sizes = [batch_size(s) for s in (0.0, 0.0001, 0.001, 0.01, 0.03, 0.05, 1.0)]
     assert sizes == sorted(sizes, reverse=True)
     assert sizes[0] == MAX_BATCH and sizes[-1] == 1
+
+
+_names = st.sampled_from(["a", "b", "c"])
+_known = st.lists(st.none() | st.lists(_names).map(tuple), max_size=4)
+
+
+@given(_names, _known)
+def test_a_template_is_runnable_unless_every_live_worker_says_it_does_not_know_it(
+    template: str, known: list[tuple[str, ...] | None]
+) -> None:
+    refused = bool(known) and all(k is not None and template not in k for k in known)
+    assert runnable(template, known) is not refused
+
+
+def test_a_queue_without_live_workers_keeps_its_runs() -> None:
+    assert runnable("a", [])
+    assert not runnable("a", [("b",), ()])
+    assert runnable("a", [("b",), None])
