@@ -4,7 +4,9 @@ Revoking a child's task id (``app.control.revoke(id)``, with or without ``termin
 the user asking that child to stop for good: the child is ``failed`` with an error that says
 so, whatever owner or fence it has, and the run fails once its other children have finished.
 Without this a revoked child kept its row unfinished while every re-sent copy of its message
-was discarded as revoked: the run stayed ``running`` for ever. Revoking a master's task id
+was discarded as revoked: the run stayed ``running`` for ever. Revoking a ``dtask.children``
+message (several short children, one task in Flower) fails each of its children that has not
+finished, the same way. Revoking a master's task id
 cancels its run. Revoking ``finalize`` changes nothing: the reaper finalizes a run whose
 callback never ran.
 """
@@ -18,7 +20,7 @@ from celery.signals import task_revoked
 
 from dtask import services
 from dtask.domain.runs import RunState
-from dtask.worker.dispatch import CHILD, MASTER
+from dtask.worker.dispatch import CHILD, CHILDREN, MASTER
 from dtask.worker.results import finalize_run, forget_run
 
 log = logging.getLogger("dtask.worker")
@@ -37,6 +39,25 @@ def _on_revoked(
             store = services.store()
             if store.children.revoke(run_id, index, error):
                 log.warning("%s: the child failed", error)
+            finalize_run(store, run_id, wait=False)
+        elif name == CHILDREN and len(args) >= 5:
+            run_id, indexes = int(args[0]), [int(i) for i, _ in args[4]]
+            how = "revoked and terminated" if terminated else "revoked"
+            store = services.store()
+            failed = [
+                i
+                for i in indexes
+                if store.children.revoke(
+                    run_id,
+                    i,
+                    f"run {run_id} child {i}: its message was {how} through Celery"
+                    f" (task {request.id})",
+                )
+            ]
+            log.warning(
+                "run %s: message %s %s through Celery: %d of its %d children failed",
+                run_id, request.id, how, len(failed), len(indexes),
+            )  # fmt: skip
             finalize_run(store, run_id, wait=False)
         elif name == MASTER and args:
             run_id = int(args[0])

@@ -13,8 +13,10 @@ import pytest
 
 import dtask
 from dtask import services
+from dtask.db import Redispatch
 from dtask.worker import configure
 from dtask.worker.app import app
+from dtask.worker.dispatch import publish
 from tests.acceptance.test_faults import FAST, running_with_checkpoint
 from tests.conftest import WorkerProcess
 from tests.support.db import children, wait_for
@@ -140,3 +142,36 @@ def test_autoscale_grows_and_shrinks_the_pool_while_runs_go_on_and_loses_nothing
     )
     assert grown >= 3
     assert regrown >= 2
+
+
+def test_revoke_of_a_batch_message_fails_each_of_its_children(start_worker: object) -> None:
+    """A ``dtask.children`` message is one task in Flower: revoking it is the user asking its
+    children to stop for good, as revoking a child's own task id is."""
+    start_worker("-c", "1", DTASK_DISPATCH_WINDOW="1")  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 80, "delay": 0.1})  # 4 children of 2 s
+    wait_for(lambda: running_with_checkpoint(run.id, 0, 5), 30, "child 0 to checkpoint")
+    group = services.store().runs.get(run.id).group_id
+    assert group is not None
+    configure()
+    answers = app.control.revoke(f"{group}.2+2", reply=True, timeout=10, limit=1)
+    assert answers, "no worker acknowledged the revoke"
+    taken: list[Redispatch] = []
+    # a dispatcher's pass by hand: children 2 and 3 leave in one message (it has the turn)
+    wait_for(lambda: _take(run.id, 2, taken), 30, "the dispatcher's turn")
+    assert [c.index for c in taken] == [2, 3]
+    publish(taken, batch=2)
+
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.FAILED
+    assert status.error is not None and "its message was revoked through Celery" in status.error
+    assert [c[:2] for c in children(run.id)] == [
+        (0, "succeeded"), (1, "succeeded"), (2, "failed"), (3, "failed"),
+    ]  # fmt: skip
+
+
+def _take(run_id: int, count: int, taken: list[Redispatch]) -> bool:
+    with services.store().dispatch.turn() as turn:
+        if turn is None:
+            return False
+        taken += turn.take(run_id, count)
+        return True
