@@ -1,44 +1,70 @@
-"""One very large run through the dispatcher: the broker holds its window, not the run.
+"""Very large runs through the dispatcher: the broker holds its window, not the run.
 
-    python -m bench.million --children 1000000 [--workers 2] [--concurrency 1]
+    python -m bench.million [--sizes 100000,1000000] [--workers 1] [--concurrency 2]
 
 No-op children (``bench_noop``) on dtask workers with the default settings (DTASK_MAX_CHILDREN
-raised to the run's size). Every half second it samples the broker (the length of the
-queue's lists, Redis ``used_memory``) and PostgreSQL (children sent and not yet claimed);
-at the end it checks that every child succeeded exactly once and the chord callback ended
-the run. Prints the split time, the rate and the largest samples.
+raised to the largest size), one run per size, one after the other. Every half second it
+samples the broker (the length of the queue's lists, Redis ``used_memory``), PostgreSQL
+(children sent and not yet claimed) and the peak RSS of every process of the cluster; at the
+end it checks that every child succeeded exactly once and the run ended succeeded. Prints the
+time, the rate and the largest samples per size, and the ratio of each time to the first
+(bench/out/million.json keeps them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import threading
 import time
 from typing import Any
 
-from bench.cluster import Workers, prepare_environment
+from bench.cluster import REPO, Workers, prepare_environment
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--children", type=int, default=1_000_000)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--sizes", default="100000,1000000")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=2)
     args = parser.parse_args()
-    work = prepare_environment(DTASK_MAX_CHILDREN=str(max(args.children, 100_000)))
-    from sqlalchemy import text
-
-    import dtask
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = prepare_environment(DTASK_MAX_CHILDREN=str(max(*sizes, 100_000)))
+    from bench import procs
     from bench.measure import redis_client
     from dtask import services
+    from dtask.services import embedded
 
     engine = services.store().engine
     broker = redis_client()
     workers = Workers(work)
-    for _ in range(args.workers):
-        workers.dtask(args.concurrency)
+    started = [workers.dtask(args.concurrency) for _ in range(args.workers)]
     workers.ready()
-    samples: list[tuple[float, int, int, int]] = []
+    roles = {p.pid: "dtask" for p in started}
+    results: list[dict[str, Any]] = []
+    ok = True
+    try:
+        for n in sizes:
+            one = _one(engine, broker, roles, n, procs)
+            results.append(one)
+            ok = ok and one["ok"]
+            _print(one, results[0])
+    finally:
+        workers.stop_all()
+        services.reset()
+        embedded.stop(work / "home")
+    out = REPO / "bench" / "out"
+    out.mkdir(exist_ok=True)
+    (out / "million.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0 if ok else 1
+
+
+def _one(engine: Any, broker: Any, roles: dict[int, str], n: int, procs: Any) -> dict[str, Any]:
+    from sqlalchemy import text
+
+    import dtask
+
+    samples: list[tuple[int, int, int]] = []
     stop = threading.Event()
 
     def sample() -> None:
@@ -52,61 +78,66 @@ def main() -> int:
                         " AND sent_at IS NOT NULL"
                     )
                 ).scalar_one()
-            samples.append((time.monotonic(), lists, memory, int(out)))
+            samples.append((lists, memory, int(out)))
 
     sampler = threading.Thread(target=sample, daemon=True)
+    rss = procs.PeakRss(roles)
+    rss.start()
+    before = int(broker.info("memory")["used_memory"])
+    start = time.time()
+    run = dtask.submit("bench_noop", {"n": n})
+    sampler.start()
     try:
-        before = int(broker.info("memory")["used_memory"])
-        start = time.monotonic()
-        run = dtask.submit("bench_noop", {"n": args.children})
-        sampler.start()
         status = run.wait(timeout=6 * 3600, poll=2.0)
-        took = time.monotonic() - start
     finally:
         stop.set()
-        workers.stop_all()
-    try:
-        return _report(engine, run, status, took, samples, before, args.children)
-    finally:
-        from dtask.services import embedded
-
-        services.reset()
-        embedded.stop(work / "home")
-
-
-def _report(
-    engine: Any, run: Any, status: Any, took: float, samples: list[Any], before: int, n: int
-) -> int:
-    from sqlalchemy import text
-
-    import dtask
-
+        sampler.join()
+        peaks = rss.stop()
     with engine.connect() as conn:
         row: Any = conn.execute(
             text(
                 "SELECT count(*) AS n, count(*) FILTER (WHERE state = 'succeeded') AS ok,"
-                " max(attempt) AS attempts, min(started_at) AS first, max(finished_at) AS last"
-                " FROM dtask_children WHERE run_id = :r"
+                " max(attempt) AS attempts FROM dtask_children WHERE run_id = :r"
             ),
             {"r": run.id},
         ).one()
-        split = conn.execute(
-            text("SELECT started_at - created_at FROM dtask_runs WHERE id = :r"), {"r": run.id}
+        finished = conn.execute(
+            text("SELECT finished_at FROM dtask_runs WHERE id = :r"), {"r": run.id}
         ).scalar_one()
+    seconds = finished.timestamp() - start
+    largest: dict[str, float] = {}
+    for role, value in peaks.values():
+        largest[role] = max(largest.get(role, 0.0), value / 2**20)
+    return {
+        "n": n,
+        "run": run.id,
+        "state": status.state.value,
+        "succeeded": int(row.ok),
+        "children": int(row.n),
+        "highest_attempt": row.attempts,
+        "seconds": seconds,
+        "rate": n / seconds,
+        "rss_mb": largest,
+        "redis_mb_before": before / 2**20,
+        "redis_mb_peak": max((s[1] for s in samples), default=before) / 2**20,
+        "broker_messages_peak": max((s[0] for s in samples), default=0),
+        "sent_unclaimed_peak": max((s[2] for s in samples), default=0),
+        "ok": status.state is dtask.RunState.SUCCEEDED and row.ok == row.n == n,
+    }
+
+
+def _print(one: dict[str, Any], first: dict[str, Any]) -> None:
+    rss = ", ".join(f"{r} {mb:.0f} MB" for r, mb in sorted(one["rss_mb"].items()))
     print(
-        f"run {run.id}: {status.state.value}, {row.ok:,}/{row.n:,} children succeeded,"
-        f" highest attempt {row.attempts}, {took:.0f} s ({n / took:.0f}/s)"
+        f"N={one['n']:,}: run {one['run']} {one['state']}, {one['succeeded']:,}/"
+        f"{one['children']:,} children succeeded, highest attempt {one['highest_attempt']},"
+        f" {one['seconds']:.0f} s ({one['rate']:.0f}/s), time / time(N={first['n']:,}) ="
+        f" {one['seconds'] / first['seconds']:.1f}\n  peak RSS: {rss}\n"
+        f"  Redis used_memory {one['redis_mb_before']:.1f} MiB before, at most"
+        f" {one['redis_mb_peak']:.1f} MiB; broker lists at most {one['broker_messages_peak']}"
+        f" messages; sent and unclaimed at most {one['sent_unclaimed_peak']:,} children",
+        flush=True,
     )
-    print(f"first child {row.first}, split and start took {split}")
-    if samples:
-        print(
-            f"broker lists: at most {max(s[1] for s in samples)} messages;"
-            f" sent and unclaimed in PostgreSQL: at most {max(s[3] for s in samples)};"
-            f" Redis used_memory {before / 2**20:.1f} MiB before, at most"
-            f" {max(s[2] for s in samples) / 2**20:.1f} MiB during ({len(samples)} samples)"
-        )
-    ok = status.state is dtask.RunState.SUCCEEDED and row.ok == row.n == n
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

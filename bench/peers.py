@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -58,20 +59,76 @@ def client(module: str, n: int) -> float:
     return float(measured["seconds"])
 
 
-def one(system: str, n: int, engine: Any) -> float:
+def one(system: str, n: int, engine: Any, roles: dict[int, str]) -> tuple[float, float]:
+    """(seconds, CPU seconds of every process of the cluster: workers, their pools, Redis,
+    PostgreSQL, the submitting client) for one run of N children."""
     from bench import measure
 
+    before, clients = cluster_cpu(roles), _children_cpu()
     if system == "dtask":
-        return measure.dtask_fanout(engine, n, {}).seconds
-    if system == "celery":
-        return measure.raw_fanout(n, {}).seconds
-    return client(f"bench.{system}_client", n)
+        took = measure.dtask_fanout(engine, n, {}).seconds
+    elif system == "celery":
+        took = measure.raw_fanout(n, {}).seconds
+    else:
+        took = client(f"bench.{system}_client", n)
+    after = cluster_cpu(roles)
+    used = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    return took, used + _children_cpu() - clients
+
+
+def cluster_cpu(roots: dict[int, str]) -> dict[int, float]:
+    """pid -> CPU seconds of this process and of every process under ``roots`` (the workers,
+    the embedded PostgreSQL and Redis): nothing else on the machine is counted."""
+    import psutil
+
+    found = {os.getpid(): psutil.Process()}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            found[pid] = root
+            found.update((p.pid, p) for p in root.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    out = {}
+    for pid, proc in found.items():
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[pid] = (
+            t.user + t.system + (t.children_user + t.children_system if pid != os.getpid() else 0)
+        )
+    return out
+
+
+def services_pids(home: Any) -> dict[int, str]:
+    """The embedded PostgreSQL's postmaster and Redis server under ``home``."""
+    found = {}
+    for role, pidfile in (("postgres", home / "postgres" / "postmaster.pid"),
+                          ("redis", home / "redis" / "redis.pid")):  # fmt: skip
+        try:
+            found[int(pidfile.read_text().split()[0])] = role
+        except (OSError, ValueError, IndexError):
+            print(f"bench.peers: no {role} pid in {pidfile}: its CPU is not counted")
+    return found
+
+
+def _children_cpu() -> float:
+    """CPU of this process's finished subprocesses (the clients, gone before a snapshot)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="2000,10000")
+    parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--big", type=int, default=100_000, help="sizes from here run once")
+    parser.add_argument(
+        "--big-systems",
+        default="dtask,celery,dramatiq",
+        help="the systems that run at the big sizes (Procrastinate's 100k takes minutes)",
+    )
     parser.add_argument("--broker", choices=("redis", "amqp"), default="redis")
     parser.add_argument("--amqp-url", default=AMQP_URL)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
@@ -88,6 +145,7 @@ def main() -> int:
                 file=sys.stderr,
             )
             return 2
+    began = time.monotonic()
     work = prepare_environment(DTASK_BENCH_RAW="stock")
     from dtask import services
     from dtask.services import embedded
@@ -106,38 +164,69 @@ def main() -> int:
     engine = services.store().engine
     workers = Workers(work)
     seconds: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
+    big_systems = set(args.big_systems.split(","))
     try:
-        start_workers(workers, systems, resolved.database_url)
+        roles = start_workers(workers, systems, resolved.database_url)
+        roles.update(services_pids(resolved.settings.home))
         for system in systems:  # warm-up: imports, connections, queues
-            one(system, 100, engine)
+            one(system, 100, engine, roles)
         for n in [int(s) for s in args.sizes.split(",")]:
-            for rep in range(args.repeats):
-                turn = rep % len(systems)
-                for system in systems[turn:] + systems[:turn]:
-                    took = one(system, n, engine)
+            big = n >= args.big
+            chosen = tuple(s for s in systems if not big or s in big_systems)
+            for rep in range(1 if big else args.repeats):
+                turn = rep % len(chosen)
+                for system in chosen[turn:] + chosen[:turn]:
+                    took, used = one(system, n, engine, roles)
                     seconds.setdefault((system, n), []).append(took)
-                    print(f"{system} N={n:,}: {took:.1f} s ({n / took:,.0f}/s)", flush=True)
+                    cpu.setdefault((system, n), []).append(used)
+                    print(
+                        f"{system} N={n:,}: {took:.1f} s ({n / took:,.0f}/s),"
+                        f" {used / n * 1000:.2f} ms CPU per child",
+                        flush=True,
+                    )
     finally:
         workers.stop_all()
         services.reset()
         embedded.stop(home)
-    table = _table(seconds, broker_line(args.broker, args.amqp_url, systems))
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(table + "\n")
+    table = _table(seconds, cpu, broker_line(args.broker, args.amqp_url, systems))
+    out = OUT if args.broker == "redis" else OUT.with_name("peers-amqp.md")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(table + "\n")
+    measured = [
+        {"system": s, "n": n, "seconds": seconds[(s, n)], "cpu": cpu[(s, n)]} for s, n in seconds
+    ]
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "broker": args.broker,
+                "runs": measured,
+                "big": args.big,
+                "repeats": args.repeats,
+                "seconds": time.monotonic() - began,
+            }
+        )
+    )
     print(table)
     return 0
 
 
-def start_workers(workers: Workers, systems: tuple[str, ...], database_url: str) -> None:
-    """Each chosen system's 2 worker processes (one child at a time each)."""
+def start_workers(workers: Workers, systems: tuple[str, ...], database_url: str) -> dict[int, str]:
+    """Each chosen system's 2 worker processes (one child at a time each); their pids (whose
+    process trees' CPU is counted)."""
+    roles: dict[int, str] = {}
     if "dtask" in systems:
-        workers.ready(workers.dtask(2))
+        proc = workers.dtask(2)
+        workers.ready(proc)
+        roles[proc.pid] = "dtask"
     if "celery" in systems:
-        workers.raw(2)
+        roles[workers.raw(2).pid] = "celery"
     if "dramatiq" in systems:
         argv = [sys.executable, "-m", "dramatiq", "bench.dramatiq_app",
                 "--processes", "2", "--threads", "1"]  # fmt: skip
-        workers.quiet.add(workers._spawn(argv, "dramatiq").pid)
+        proc = workers._spawn(argv, "dramatiq")
+        workers.quiet.add(proc.pid)
+        roles[proc.pid] = "dramatiq"
     if "procrastinate" in systems:
         from bench.procrastinate_app import create_database
 
@@ -147,7 +236,10 @@ def start_workers(workers: Workers, systems: tuple[str, ...], database_url: str)
         argv = [sys.executable, "-m", "procrastinate", "--app", "bench.procrastinate_app.app",
                 "--log-level", "warning", "worker", "--concurrency", "1"]  # fmt: skip
         for _ in range(2):
-            workers.quiet.add(workers._spawn(argv, "procrastinate").pid)
+            proc = workers._spawn(argv, "procrastinate")
+            workers.quiet.add(proc.pid)
+            roles[proc.pid] = "procrastinate"
+    return roles
 
 
 def amqp_ready(url: str) -> str | None:
@@ -199,7 +291,11 @@ def _where(amqp_url: str) -> str:
     return f"{url.hostname}:{url.port or 5672}{url.path or '/'}"
 
 
-def _table(seconds: dict[tuple[str, int], list[float]], broker: str) -> str:
+def _table(
+    seconds: dict[tuple[str, int], list[float]],
+    cpu: dict[tuple[str, int], list[float]],
+    broker: str,
+) -> str:
     ran = [s for s in SYSTEMS if any(system == s for system, _ in seconds)]
     others = [s for s in ran if s != "dtask"] if "dtask" in ran else []
     lines = [
@@ -220,6 +316,20 @@ def _table(seconds: dict[tuple[str, int], list[float]], broker: str) -> str:
             f"{med['dtask'] / med[s]:.2f}x" if "dtask" in med and s in med else "-" for s in others
         ]
         lines.append(f"| {n:,} | " + " | ".join(cells + ratios) + " |")
+    lines += [
+        "",
+        "CPU per child, milliseconds, median of the runs (every process of the cluster: the"
+        " system's workers and their pools, Redis, PostgreSQL, the submitting client):",
+        "",
+        "| N | " + " | ".join(NAMES[s] for s in ran) + " |",
+        "|---:" * (1 + len(ran)) + "|",
+    ]
+    for n in sorted({n for _, n in cpu}):
+        per = [
+            f"{statistics.median(cpu[(s, n)]) / n * 1000:.2f}" if (s, n) in cpu else "-"
+            for s in ran
+        ]
+        lines.append(f"| {n:,} | " + " | ".join(per) + " |")
     return "\n".join(lines)
 
 

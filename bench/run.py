@@ -1,10 +1,11 @@
-"""`make bench`: dtask against a hand-written raw Celery chord on the same embedded services,
-then cost per child, latency, failover/drain and the scale curve. Writes bench/out/results.json,
-docs/benchmarks.md and its plots.
+"""`make bench`'s last step (after bench.peers, bench.small_runs and bench.busy_latency): cost
+per child against stock Celery, latency on an idle cluster, a profile, failover/drain and the
+scale curve. Writes bench/out/results.json, then docs/benchmarks.md and its plots from
+everything in bench/out/.
 
-    make bench                                    # the whole thing, ~13 min here
-    make bench BENCH_ARGS=--quick                 # tiny sizes, to try the harness
-    make bench BENCH_ARGS='--fanout-only --sizes 100000 --raw-big'   # raw vs dtask at 100k
+    make bench                                    # the whole thing, ~15 min here
+    python -m bench.run --quick                   # tiny sizes, to try the harness
+    python -m bench.run --fanout-only --sizes 100000 --raw-big   # raw Celery vs dtask pairs
 """
 
 from __future__ import annotations
@@ -34,18 +35,18 @@ def _args() -> argparse.Namespace:
         "--raw-big", action="store_true", help="also run raw Celery at the big size (~8 min)"
     )
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--cost-n", type=int, default=500)
+    parser.add_argument("--cost-n", type=int, default=10_000)
     parser.add_argument("--latency", type=int, default=200)
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--drains", type=int, default=3)
     parser.add_argument("--scale-n", type=int, default=1000)
-    parser.add_argument("--profile-n", type=int, default=2000)
+    parser.add_argument("--profile-n", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, to try the harness")
     parser.add_argument(
         "--baseline",
         choices=["dtask-settings", "stock"],
-        default="dtask-settings",
-        help="raw Celery with dtask's Celery settings, or with Celery's defaults as users run it",
+        default="stock",
+        help="raw Celery with Celery's defaults as users run it, or with dtask's settings",
     )
     parser.add_argument(
         "--dispatch",
@@ -54,10 +55,15 @@ def _args() -> argparse.Namespace:
         help="DTASK_DISPATCH of the dtask workers (default window, as shipped)",
     )
     parser.add_argument(
+        "--fanout",
+        action="store_true",
+        help="also the alternating dtask/raw fan-out pairs (bench.peers measures fan-out)",
+    )
+    parser.add_argument(
         "--fanout-only",
         action="store_true",
         help="only the fan-out runs, saved to bench/out/fanout-only.json; docs/benchmarks.md"
-        " shows them as a supplementary table (e.g. --sizes 100000 --raw-big)",
+        " (e.g. --sizes 100000 --raw-big)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -118,14 +124,7 @@ def fanout_only(
     (OUT / "fanout-only.json").write_text(json.dumps(results, indent=1, default=str))
     for n, ratio in _median_ratios(results["fanout"]).items():
         clock.say(f"N={n:,}: dtask takes {ratio:.2f}x raw Celery's time (median of pairs)")
-    full = OUT / "results.json"
-    if not full.exists():  # a fresh clone: nothing to re-render the docs from
-        clock.say(f"done in {results['seconds']:.0f} s: bench/out/fanout-only.json")
-        return 0
-    from bench import report
-
-    report.write(json.loads(full.read_text()))
-    clock.say(f"done in {results['seconds']:.0f} s: bench/out/fanout-only.json, docs re-rendered")
+    clock.say(f"done in {results['seconds']:.0f} s: bench/out/fanout-only.json")
     return 0
 
 
@@ -152,7 +151,8 @@ def fanout_phase(
     from bench import measure
 
     roles = _start(workers, args.concurrency)
-    fanout_runs(args, engine, roles, results, clock)
+    if args.fanout:
+        fanout_runs(args, engine, roles, results, clock)
     clock.say(f"cost per child: one counted run each at N={args.cost_n}")
     results["cost"] = cost_per_child(args.cost_n, engine, roles)
     clock.say(f"latency: {args.latency} one-child runs, one at a time")
