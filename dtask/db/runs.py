@@ -4,7 +4,7 @@ move a conditional UPDATE under the run's advisory lock."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +90,7 @@ class RunStore(RunInserts):
     def split(
         self,
         run_id: int,
-        plan: Callable[[RunRecord], Sequence[dict[str, Any]]],
+        plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
     ) -> RunState:
@@ -130,9 +130,10 @@ class RunStore(RunInserts):
         conn: Connection,
         run_id: int,
         max_attempts: int,
-        specs: Sequence[dict[str, Any]],
+        specs: Sequence[str | Mapping[str, Any]],
         deferred: bool,
     ) -> None:
+        """COPY the specs in: JSON text as the split checked it (or dicts, dumped here)."""
         raw = conn.connection.driver_connection
         assert raw is not None
         columns = "run_id, index, spec, max_attempts" + (", sent_at" if deferred else "")
@@ -141,7 +142,8 @@ class RunStore(RunInserts):
             cursor.copy(f"COPY dtask_children ({columns}) FROM STDIN") as copy,
         ):
             for index, spec in enumerate(specs):
-                row = (run_id, index, json.dumps(spec), max_attempts)
+                text = spec if isinstance(spec, str) else json.dumps(spec)
+                row = (run_id, index, text, max_attempts)
                 copy.write_row((*row, None) if deferred else row)
 
     def dispatch(

@@ -20,7 +20,7 @@ from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.params import Param, as_param
 from dtask.domain.results import Reduce
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
-from dtask.domain.splitting import SplitStrategy, check_count, check_specs
+from dtask.domain.splitting import SpecText, SplitStrategy, check_count, check_specs
 from dtask.exceptions import (
     ConfigurationError,
     DtaskError,
@@ -197,12 +197,13 @@ class Template:
 
     def plan(
         self, variables: Mapping[str, Any], max_children: int, max_spec: int = 65_536
-    ) -> list[dict[str, Any]]:
-        """Validate, render and split: the child specs this trigger would run (a generator
-        split runs as it is consumed: its errors are the split's too)."""
+    ) -> list[SpecText]:
+        """Validate, render and split: the child specs this trigger would run, as JSON text (a
+        generator split runs as it is consumed: its errors are the split's too)."""
         rendered = self.precheck(variables, max_children)
+        produce = getattr(self.split, "iterate", self.split)  # RangeSplit: one at a time
         with self._user_code("split"):
-            return check_specs(self.split(rendered), max_children, max_spec)
+            return check_specs(produce(rendered), max_children, max_spec)
 
     def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
         """Validate and render; reject an oversized split early where the strategy can count."""

@@ -146,7 +146,7 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
     pending, when this worker does not know the template and others may still take it."""
     settings = services.current().settings
 
-    def plan(run: RunRecord) -> list[dict[str, Any]]:
+    def plan(run: RunRecord) -> list[str]:
         try:
             template = registry.get(run.template)
         except UnknownTemplate as exc:
