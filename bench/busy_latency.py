@@ -6,7 +6,9 @@ busy (issue target: p50 <= 50 ms and p99 <= 250 ms while a 100k-child run is bus
 
 One ``dtask worker -c 2`` on embedded PostgreSQL and Redis. Each probe is a ``bench_noop``
 run of one child; its latency is from just before its ``dtask.submit`` call to its child's
-``started_at`` in PostgreSQL (set when the child is claimed; same machine, same clock). The
+``started_at`` in PostgreSQL (set when the child is claimed; same machine, same clock), split
+at the run's ``started_at`` (its master ran) and the child's ``sent_at`` (the dispatcher
+published it): what waits for the dispatcher and what waits in the broker. The
 probes do not wait for each other: one leaves every ``--every`` seconds. The busy phase
 starts once the big run has finished ``--flowing`` children (so its messages have their
 batched size) and the big run is cancelled after the last probe; a probe sent after the big
@@ -20,25 +22,27 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
 from bench.cluster import Workers, prepare_environment
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    """p50/p95/p99/max (nearest rank) in ms."""
+def percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float]:
+    """p50/p95/p99/max (nearest rank), times ``scale`` (seconds to ms by default)."""
     ranked = sorted(values)
 
     def at(q: float) -> float:
-        return 1000 * ranked[min(len(ranked) - 1, max(0, round(q * len(ranked)) - 1))]
+        return scale * ranked[min(len(ranked) - 1, max(0, round(q * len(ranked)) - 1))]
 
-    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": 1000 * ranked[-1]}
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "max": scale * ranked[-1]}
 
 
 def probe(engine: Any, count: int, every: float) -> dict[str, Any]:
     """``count`` one-child runs, one every ``every`` seconds; submit -> child started, submit
-    -> run split (its master ran) and the submit call itself, each as percentiles (ms)."""
+    -> run split (its master ran), submit -> child sent to the broker (``sent_at``: the
+    dispatcher took it) and the submit call itself, each as percentiles (ms)."""
     from sqlalchemy import text
 
     import dtask
@@ -53,7 +57,8 @@ def probe(engine: Any, count: int, every: float) -> dict[str, Any]:
         sent.append((run.id, start, time.time() - start))
     ids = [i for i, _, _ in sent]
     query = text(
-        "SELECT r.id, r.started_at AS split_at, min(c.started_at) AS child_at"
+        "SELECT r.id, r.started_at AS split_at, min(c.sent_at) AS sent_at,"
+        " min(c.started_at) AS child_at"
         " FROM dtask_runs r LEFT JOIN dtask_children c ON c.run_id = r.id"
         " WHERE r.id = ANY(:ids) GROUP BY r.id"
     )
@@ -64,19 +69,22 @@ def probe(engine: Any, count: int, every: float) -> dict[str, Any]:
         if all(r.child_at is not None for r in rows.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    child, split = [], []
+    child, split, sent_to_broker = [], [], []
     for run_id, start, _ in sent:
         row = rows[run_id]
         if row.child_at is not None:
             child.append(row.child_at.timestamp() - start)
         if row.split_at is not None:
             split.append(row.split_at.timestamp() - start)
+        if row.sent_at is not None:
+            sent_to_broker.append(row.sent_at.timestamp() - start)
     calls = [c for _, _, c in sent]
     return {
         "probes": count,
         "started": len(child),
         "child_ms": percentiles(child) if child else {},
         "split_ms": percentiles(split) if split else {},
+        "sent_ms": percentiles(sent_to_broker) if sent_to_broker else {},
         "submit_call_ms": percentiles(calls),
         "submit_call_mean_ms": 1000 * statistics.fmean(calls),
         "run_ids": [ids[0], ids[-1]],
@@ -93,6 +101,33 @@ def _finished_children(engine: Any, run_id: int) -> int:
         ).scalar_one()
 
 
+class QueueWatch(threading.Thread):
+    """Samples, every 0.25 s, how many of the big run's children are sent and not yet taken
+    (in the broker or a worker's prefetch: what a probe's child queues behind), and the
+    child time the dispatcher sizes its messages by."""
+
+    def __init__(self, engine: Any, run_id: int) -> None:
+        super().__init__(daemon=True)
+        self.engine, self.run_id = engine, run_id
+        self.stop = threading.Event()
+        self.queued: list[float] = []
+        self.child_seconds: float | None = None
+
+    def run(self) -> None:
+        from sqlalchemy import text
+
+        query = text(
+            "SELECT (SELECT count(*) FROM dtask_children WHERE run_id = :r"
+            "   AND state = 'pending' AND sent_at IS NOT NULL) AS queued,"
+            " (SELECT child_seconds FROM dtask_runs WHERE id = :r) AS child_seconds"
+        )
+        while not self.stop.wait(0.25):
+            with self.engine.connect() as conn:
+                row = conn.execute(query, {"r": self.run_id}).one()
+            self.queued.append(row.queued)
+            self.child_seconds = row.child_seconds
+
+
 def busy(engine: Any, big: int, probes: int, every: float, flowing: int) -> dict[str, Any]:
     """The probes while a ``big``-child ``bench_noop`` run is going; the big run cancelled at
     the end. A dtask worker must be up."""
@@ -106,7 +141,13 @@ def busy(engine: Any, big: int, probes: int, every: float, flowing: int) -> dict
         time.sleep(0.2)
     before = _finished_children(engine, run.id)
     began = time.monotonic()
-    out = probe(engine, probes, every)
+    watch = QueueWatch(engine, run.id)
+    watch.start()
+    try:
+        out = probe(engine, probes, every)
+    finally:
+        watch.stop.set()
+        watch.join()
     seconds = time.monotonic() - began
     after = _finished_children(engine, run.id)
     state = run.status().state.value
@@ -119,6 +160,8 @@ def busy(engine: Any, big: int, probes: int, every: float, flowing: int) -> dict
         "done_after": after,
         "children_per_s_meanwhile": (after - before) / seconds,
         "state_after_probes": state,  # "running": it was busy through every probe
+        "queued": percentiles(watch.queued, 1.0) if watch.queued else {},
+        "child_seconds": watch.child_seconds,
     }
     return out
 
@@ -159,6 +202,7 @@ def _say(phase: str, out: dict[str, Any]) -> None:
           " ms p50 / p95 / p99 / max", flush=True)  # fmt: skip
     print(row("submit -> first child", out["child_ms"]))
     print(row("submit -> run split", out["split_ms"]))
+    print(row("submit -> child sent", out["sent_ms"]))
     print(row("submit call", out["submit_call_ms"]), flush=True)
     if "big" in out:
         b = out["big"]
@@ -166,6 +210,11 @@ def _say(phase: str, out: dict[str, Any]) -> None:
               f" {b['children']:,} children done during the probes"
               f" ({b['children_per_s_meanwhile']:,.0f}/s), then {b['state_after_probes']}",
               flush=True)  # fmt: skip
+        if b["queued"]:
+            q = b["queued"]
+            print(f"  its children sent, not yet taken (every 0.25 s): median"
+                  f" {q['p50'] :.0f}, max {q['max']:.0f}; its child_seconds"
+                  f" {b['child_seconds']}", flush=True)  # fmt: skip
 
 
 def main() -> int:

@@ -154,6 +154,14 @@ def dtask_small_runs(engine: Any, runs: int, submitters: int, roles: dict[int, s
     out = _submit_summary(reports)
     seconds = row.last.timestamp() - out["first_submit"]
     out["timeline"] = _timeline(engine, bounds, out["first_submit"])
+    with engine.connect() as conn:  # the reaper re-sends a master left pending for too long
+        out["masters_resent"] = conn.execute(
+            text(
+                "SELECT count(*) FROM dtask_runs WHERE id >= :lo AND id <= :hi"
+                " AND master_sent_at IS NOT NULL"
+            ),
+            bounds,
+        ).scalar_one()
     out.update(
         system="dtask",
         runs=runs,
@@ -294,6 +302,7 @@ def _say(out: dict[str, Any], unit: str) -> None:
             f"{k} {v[0]:.1f}/{v[1]:.1f}/{v[2]:.1f}" for k, v in out["timeline"].items()
         )
         print(f"  s after the first submit (first/median/last): {spans}", flush=True)
+        print(f"  masters re-sent by the reaper (pending too long): {out['masters_resent']:,}")
 
 
 def main() -> int:
