@@ -95,10 +95,14 @@ def _finished_children(engine: Any, run_id: int) -> int:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        return conn.execute(
-            text("SELECT count(*) FROM dtask_children WHERE run_id = :r AND state = 'succeeded'"),
-            {"r": run_id},
-        ).scalar_one()
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM dtask_children WHERE run_id = :r AND state = 'succeeded'"
+                ),
+                {"r": run_id},
+            ).scalar_one()
+        )
 
 
 class QueueWatch(threading.Thread):

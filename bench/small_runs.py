@@ -117,7 +117,9 @@ def _submit_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
 # --- the two sides -------------------------------------------------------------------------
 
 
-def dtask_small_runs(engine: Any, runs: int, submitters: int, roles: dict[int, str]) -> dict:
+def dtask_small_runs(
+    engine: Any, runs: int, submitters: int, roles: dict[int, str]
+) -> dict[str, Any]:
     """``runs`` runs of ``bench_one`` from ``submitters`` processes; the dtask worker must be
     up. Returns runs/s and the submit cost."""
     from sqlalchemy import text
@@ -200,7 +202,7 @@ def _timeline(engine: Any, bounds: dict[str, int], origin: float) -> dict[str, l
         }
 
 
-def celery_small_runs(runs: int, submitters: int, roles: dict[int, str]) -> dict:
+def celery_small_runs(runs: int, submitters: int, roles: dict[int, str]) -> dict[str, Any]:
     """``runs`` ``raw.sleep1ms`` tasks from ``submitters`` processes with ``.delay()``; the
     raw worker must be up. Completion: every task's result is in the result backend."""
     from bench import procs
@@ -247,7 +249,7 @@ def small_runs(
     concurrency: int = 2,
     system: str = "both",
     dispatch: str = "window",
-) -> dict:
+) -> dict[str, Any]:
     """A fresh cluster, then each side once (dtask first); the ratio runs/s over tasks/s.
     ``dispatch``: DTASK_DISPATCH of the dtask worker (window, as shipped, or all)."""
     work = prepare_environment(DTASK_BENCH_RAW="stock", DTASK_DISPATCH=dispatch)
