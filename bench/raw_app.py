@@ -6,6 +6,7 @@ events off, prefetch 4; its worker logs at WARNING)."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery import Celery
@@ -29,6 +30,12 @@ app.conf.task_default_queue = RAW_QUEUE
 @app.task(name="raw.child")
 def child(a: int, b: int) -> None:
     return None
+
+
+@app.task(name="raw.sleep1ms")
+def sleep1ms() -> None:
+    """bench.small_runs: the same 1 ms of work as one ``bench_one`` run."""
+    time.sleep(0.001)
 
 
 @app.task(name="raw.done")

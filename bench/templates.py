@@ -45,3 +45,13 @@ def bench_noop(ctx: dtask.ChildContext, a: int, b: int) -> None:
 def bench_sleep(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
     """A child that takes ``delay`` seconds: the scheduling plots watch who starts when."""
     time.sleep(delay)
+
+
+@dtask.template(
+    "bench_one",
+    skeleton={"start": 1, "end": 1},
+    split=dtask.RangeSplit("start", "end", chunk=1),
+)
+def bench_one(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """One child of 1 ms per run: bench.small_runs submits many small runs of it."""
+    time.sleep(0.001)
