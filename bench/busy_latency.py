@@ -88,6 +88,7 @@ def probe(engine: Any, count: int, every: float) -> dict[str, Any]:
         "submit_call_ms": percentiles(calls),
         "submit_call_mean_ms": 1000 * statistics.fmean(calls),
         "run_ids": [ids[0], ids[-1]],
+        "child_all_ms": sorted(1000 * c for c in child),
     }
 
 
@@ -234,11 +235,47 @@ def main() -> int:
         "--dispatch", choices=["window", "all"], help="DTASK_DISPATCH (default: as shipped)"
     )
     args = parser.parse_args()
+    began = time.monotonic()
     result = busy_latency(
         args.big, args.probes, args.every, args.flowing, args.concurrency, args.dispatch or ""
     )
     print(json.dumps(result, default=str))
+    save(result, time.monotonic() - began, args)
     return 0
+
+
+def save(result: dict[str, Any], seconds: float, args: argparse.Namespace) -> None:
+    """bench/out/busy_latency.json: what docs/benchmarks.md shows (bench/report.py)."""
+    from bench.cluster import REPO
+
+    lines = [
+        f"`python -m bench.busy_latency` ({args.probes} one-child runs, one every"
+        f" {args.every:g} s, first while idle, then while a {args.big:,}-child no-op run keeps"
+        f" the worker's {args.concurrency} pool processes busy): milliseconds from `submit()` to",
+        "",
+        "| | p50 | p95 | p99 | max |",
+        "|:-|---:|---:|---:|---:|",
+    ]
+    for phase in ("idle", "busy"):
+        for key, label in (("split_ms", "its split"), ("sent_ms", "its child sent"),
+                           ("child_ms", "its child running")):  # fmt: skip
+            p = result[phase][key]
+            if p:
+                lines.append(
+                    f"| {phase}: {label} | {p['p50']:.0f} | {p['p95']:.0f} | {p['p99']:.0f}"
+                    f" | {p['max']:.0f} |"
+                )
+    busy = result["busy"]
+    out = {
+        "seconds": seconds,
+        "busy_p50_ms": busy["child_ms"].get("p50"),
+        "busy_p99_ms": busy["child_ms"].get("p99"),
+        "busy_ms": busy["child_all_ms"],
+        "markdown": "\n".join(lines),
+    }
+    path = REPO / "bench" / "out" / "busy_latency.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

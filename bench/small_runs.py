@@ -324,9 +324,39 @@ def main() -> int:
     if args.submitter:  # one of the submitter processes this module starts
         submitter(args.submitter, args.runs)
         return 0
+    began = time.monotonic()
     result = small_runs(args.runs, args.submitters, args.concurrency, args.system, args.dispatch)
     print(json.dumps(result, default=str))
+    if args.system == "both":
+        save(result, time.monotonic() - began)
     return 0
+
+
+def save(result: dict[str, Any], seconds: float) -> None:
+    """bench/out/small_runs.json: what docs/benchmarks.md shows (bench/report.py)."""
+    d, c = result["dtask"], result["celery"]
+    lines = [
+        f"`python -m bench.small_runs`: {result['runs']:,} runs of one 1-ms child each"
+        f" (`dtask.submit`), against stock Celery's {result['runs']:,} 1-ms tasks (`.delay()`,"
+        f" every result read back), {result['submitters']} submitting processes, 2 worker"
+        " processes each:",
+        "",
+        "| system | completed/s | seconds | submit call p50 / p99 ms | submitters' CPU s |",
+        "|:-|---:|---:|---:|---:|",
+    ]
+    for name, side in (("dtask (runs)", d), ("stock Celery (tasks)", c)):
+        lines.append(
+            f"| {name} | {side['rate']:,.0f} | {side['seconds']:.1f}"
+            f" | {side['submit_ms_p50']:.2f} / {side['submit_ms_p99']:.2f}"
+            f" | {side['submitter_cpu_s']:.1f} |"
+        )
+    lines += ["", f"dtask's runs/s over stock Celery's tasks/s: **{result['ratio']:.2f}**."]
+    if "masters_resent" in d:
+        lines[-1] += f" Masters the reaper re-sent: {d['masters_resent']:,}."
+    out = {"seconds": seconds, "ratio": result["ratio"], "markdown": "\n".join(lines)}
+    path = REPO / "bench" / "out" / "small_runs.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ commits (a crash in between only re-sends; the claim's fence drops the copy)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ class DispatchPass:
         """Runs with unsent children, per queue."""
         rows = self.conn.execute(
             sql(
-                "SELECT id, client, priority, deadline, unsent, queue, child_seconds, template"
+                "SELECT id, client, priority, deadline, unsent, queue, child_seconds, template,"
+                " child_total"
                 " FROM dtask_runs"
                 " WHERE unsent > 0 AND state = 'running'"
             )
@@ -44,7 +46,14 @@ class DispatchPass:
         found: dict[str | None, list[Demand]] = {}
         for r in rows:
             demand = Demand(
-                r.id, r.client, r.priority, r.deadline, r.unsent, r.child_seconds, r.template
+                r.id,
+                r.client,
+                r.priority,
+                r.deadline,
+                r.unsent,
+                r.child_seconds,
+                r.template,
+                r.child_total or 0,
             )
             found.setdefault(r.queue, []).append(demand)
         return found
@@ -120,11 +129,19 @@ class DispatchStore:
         self.db = db
 
     @contextmanager
-    def turn(self) -> Iterator[DispatchPass | None]:
-        """A pass if this caller holds the dispatcher's turn now (None otherwise); what it
-        takes is committed when the block ends without an exception."""
+    def turn(self, wait: float = 0.0) -> Iterator[DispatchPass | None]:
+        """A pass if this caller gets the dispatcher's turn within ``wait`` seconds (None
+        otherwise); what it takes is committed when the block ends without an exception."""
+        deadline = time.monotonic() + wait
         with self.db.tx() as conn:
-            mine = conn.execute(
-                sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": DISPATCH_LOCK}
-            ).scalar()
+            while True:
+                mine = conn.execute(
+                    sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": DISPATCH_LOCK}
+                ).scalar()
+                if mine or time.monotonic() >= deadline:
+                    break
+                time.sleep(TURN_POLL)
             yield DispatchPass(conn) if mine else None
+
+
+TURN_POLL = 0.005  # seconds between tries for a turn held by another pass (a few ms each)

@@ -18,8 +18,9 @@ A client at its ``max_running`` (children running or in the broker) is skipped.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 
@@ -34,6 +35,7 @@ class Demand:
     unsent: int  # children not yet sent
     child_seconds: float | None = None  # a child's measured time (None: none finished yet)
     template: str = ""
+    total: int = 0  # the run's children
 
 
 def runnable(template: str, known: Iterable[tuple[str, ...] | None]) -> bool:
@@ -90,7 +92,8 @@ def window(
     return 2 * slots * batch + math.ceil(2 * finished_per_second * interval)
 
 
-BATCH_SECONDS = 0.05  # a message's work when a run's children are short
+BATCH_SECONDS = 0.05  # a message's work when a run's children are short: what a new run's
+# first child may wait for a pool process busy with a large run's message
 MAX_BATCH = 100
 
 
@@ -130,6 +133,31 @@ def plan(
         free -= 1
         passes.clients[d.client] += 1 / shares.get(d.client, Share()).weight
         passes.runs[d.run_id] += 1
+    return sent
+
+
+def plan_with_newcomers(
+    demands: Iterable[Demand], shares: dict[str, Share], free: int, overrun: int, passes: Passes
+) -> dict[int, int]:
+    """``plan``, then one child each for the runs this dispatcher has sent nothing yet and
+    that ``plan`` left out (the window was full), ``overrun`` of them at most, however full:
+    a new run's first child does not wait for a large run's queued messages to drain. What
+    that adds to the broker is bounded by how fast runs are split (a pass per split, and
+    ``overrun`` per pass); the rest of every run waits for the window."""
+    demands = list(demands)
+    new = [d for d in demands if d.run_id not in passes.runs and d.unsent > 0]
+    sent = plan(demands, shares, free, passes)
+    extra = overrun
+    rest = [replace(d, unsent=1) for d in new if d.run_id not in sent]
+    if extra <= 0 or not rest:
+        return sent
+    taken: Counter[str] = Counter()
+    client = {d.run_id: d.client for d in demands}
+    for run_id, count in sent.items():
+        taken[client[run_id]] += count
+    after = {c: replace(s, in_flight=s.in_flight + taken[c]) for c, s in shares.items()}
+    for run_id, count in plan(rest, after, extra, passes).items():
+        sent[run_id] = sent.get(run_id, 0) + count
     return sent
 
 

@@ -16,6 +16,7 @@ from dtask.domain.dispatch import (
     Share,
     batch_size,
     plan,
+    plan_with_newcomers,
     runnable,
     window,
 )
@@ -170,3 +171,34 @@ def test_a_queue_without_live_workers_keeps_its_runs() -> None:
     assert runnable("a", [])
     assert not runnable("a", [("b",), ()])
     assert runnable("a", [("b",), None])
+
+
+@given(demands, shares, st.integers(-60, 120), st.integers(0, 8), st.sets(st.integers(1, 10_000)))
+def test_newcomers_get_one_child_past_a_full_window_and_no_more(
+    runs: list[Demand], share: dict[str, Share], free: int, overrun: int, known: set[int]
+) -> None:
+    """A run the dispatcher has sent nothing yet gets its first child even when the window
+    is full, ``overrun`` such children a pass at most."""
+    alone = plan(runs, share, free, Passes(runs=dict.fromkeys(known, 0.0)))
+    sent = plan_with_newcomers(runs, share, free, overrun, Passes(runs=dict.fromkeys(known, 0.0)))
+    by_id = {d.run_id: d for d in runs}
+    assert sum(sent.values()) <= max(0, free) + overrun
+    assert all(0 < n <= by_id[r].unsent for r, n in sent.items())
+    for run_id, n in sent.items():
+        extra = n - alone.get(run_id, 0)
+        assert extra == 0 or (extra == 1 and run_id not in known and run_id not in alone)
+    per_client = Counter[str]()
+    for r, n in sent.items():
+        per_client[by_id[r].client] += n
+    for client, n in per_client.items():
+        assert n <= share.get(client, Share()).room
+
+
+def test_a_new_run_gets_its_first_child_while_a_large_one_fills_the_window() -> None:
+    large = Demand(1, "a", 5, None, 90_000)
+    new = Demand(2, "a", 5, None, 1)
+    known = Passes(runs={1: 40.0})
+    assert plan([large, new], {}, 0, Passes(runs={1: 40.0})) == {}
+    assert plan_with_newcomers([large, new], {}, 0, 2, known) == {2: 1}
+    assert plan_with_newcomers([large, new], {}, -300, 2, Passes(runs={1: 40.0})) == {2: 1}
+    assert plan_with_newcomers([large, new], {}, -300, 0, Passes(runs={1: 40.0})) == {}

@@ -17,7 +17,7 @@ def test_a_child_forked_during_a_pass_runs_its_own_passes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dispatcher = Dispatcher()
-    monkeypatch.setattr(Dispatcher, "_pass", lambda self, sender: 7)
+    monkeypatch.setattr(Dispatcher, "_pass", lambda self, sender, wait=0.0: 7)
     parent_sender = dispatcher.sender = Sender()
     dispatcher.lock.acquire()  # the parent's dispatcher thread is in a pass
     try:
@@ -36,7 +36,7 @@ def test_the_parent_opens_a_new_connection_after_it_forked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dispatcher = Dispatcher()
-    monkeypatch.setattr(Dispatcher, "_pass", lambda self, sender: 1)
+    monkeypatch.setattr(Dispatcher, "_pass", lambda self, sender, wait=0.0: 1)
     dispatcher.once()
     first = dispatcher.sender
     dispatcher.once()
