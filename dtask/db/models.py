@@ -131,6 +131,18 @@ class RunRow(Base):
         CheckConstraint(_one_of(Delivery, "notify_state"), name="notify_state"),
         Index(None, "notify_next_at", postgresql_where=text("notify_state = 'waiting'")),
         Index(None, "unsent", postgresql_where=text("unsent > 0")),
+        # the dispatcher's read of the runs it may send from: per client, queue and template,
+        # in the order of dtask.domain.dispatch.plan
+        Index(
+            "ix_dtask_runs_dispatch_order",
+            "client",
+            text("coalesce(queue, '')"),
+            "template",
+            text("priority DESC"),
+            "deadline",
+            "id",
+            postgresql_where=text("unsent > 0 AND state = 'running'"),
+        ),
         CheckConstraint(
             f"priority BETWEEN {LOWEST_PRIORITY} AND {HIGHEST_PRIORITY}", name="priority"
         ),

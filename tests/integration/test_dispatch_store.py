@@ -4,11 +4,16 @@ the unsent count, a rerun's children waiting again, one pass at a time."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from dtask import services
 from dtask.db import Claim, Store
+from dtask.db.database import sql
+from dtask.db.dispatch import Out
+from dtask.domain.clients import Client
 from dtask.domain.runs import RunState
 
 
@@ -69,3 +74,64 @@ def test_a_rerun_s_children_wait_for_the_dispatcher_again(store: Store) -> None:
     assert store.runs.rerun(run_id) is RunState.SPLITTING
     store.runs.dispatch(run_id, lambda run, kids: None, deferred=True)
     assert unsent(store, run_id) == 2
+
+
+def new_client(store: Store) -> str:
+    name = f"c-{uuid.uuid4()}"
+    store.clients.save(Client(name))
+    return name
+
+
+def waiting_run(
+    store: Store, client: str, queue: str | None, template: str = "t", priority: int = 5
+) -> int:
+    run_id, _ = store.runs.create(
+        template, f"test:{uuid.uuid4()}", {}, 1, queue, client=client, priority=priority
+    )
+    store.runs.split(run_id, lambda run: [{"i": 0}, {"i": 1}], deferred=True)
+    store.runs.dispatch(run_id, lambda run, kids: None, deferred=True)
+    return run_id
+
+
+def test_a_pass_reads_only_the_head_of_each_client_s_runs_in_the_order_it_sends(
+    store: Store,
+) -> None:
+    client, other = new_client(store), new_client(store)
+    head = [waiting_run(store, client, "qa", priority=p) for p in (1, 9, 5, 5, 5, 1, 9, 0)]
+    soon = datetime.now(UTC) + timedelta(minutes=5)
+    with store.db.tx() as conn:  # within priority 5 the one with a deadline goes first
+        conn.execute(
+            sql("UPDATE dtask_runs SET deadline = :d WHERE id = :id"), {"d": soon, "id": head[4]}
+        )
+    u = [waiting_run(store, client, "qa", template="u") for _ in range(2)]
+    default = waiting_run(store, client, None)
+    theirs = [waiting_run(store, other, "qa") for _ in range(6)]
+    with store.dispatch.turn() as turn:
+        assert turn is not None
+        demands = turn.demands(per_client=4)
+    qa = [d.run_id for d in demands["qa"] if d.client == client and d.template == "t"]
+    assert qa == [head[1], head[6], head[4], head[2]]  # priority, then deadline, then id
+    assert [d.run_id for d in demands["qa"] if d.template == "u" and d.client == client] == u
+    assert [d.run_id for d in demands["qa"] if d.client == other] == theirs[:4]
+    assert default in {d.run_id for d in demands[None] if d.client == client}
+    for queue, waiting in demands.items():  # never more than the head of any group
+        groups = Counter((d.client, d.template) for d in waiting)
+        assert max(groups.values()) <= 4, (queue, groups)
+
+
+def test_what_is_out_is_counted_per_queue_and_client(store: Store) -> None:
+    client = new_client(store)
+    runs = [waiting_run(store, client, "qb") for _ in range(3)]
+    with store.dispatch.turn() as turn:
+        assert turn is not None
+        for run_id in runs:
+            turn.take(run_id, 2)
+    claim = store.children.claim(runs[0], 0, "me", 30)
+    assert isinstance(claim, Claim)
+    with store.dispatch.turn() as turn:
+        assert turn is not None
+        queues, clients = turn.out()
+        assert queues["qb"] == Out(queued=5, running=1)
+        assert clients[client] == 6
+        queues, clients = turn.out(lambda queue, template: queue != "qb")
+        assert "qb" not in queues and client not in clients
