@@ -10,7 +10,7 @@ pass ends well within the turn's limit (one lease TTL). It:
    original task id and chord options, so they resume from their checkpoint elsewhere;
 3. re-sends the master message of runs stuck in pending/splitting: a worker that knows the
    template splits and dispatches them (the split is user code and may take long); while
-   masters move, only a few of the oldest a pass (the others are most likely queued);
+   masters move, only those the queue's front passed, a few a pass (the rest are queued);
 4. re-sends pending children whose message was sent a stall timeout ago and not claimed
    (lost messages), oldest first and a bounded number per queue, whatever the queue holds.
 """
