@@ -218,9 +218,10 @@ def submit(
     _, children = tpl.count(checked, config.max_children)
     store = services.store()
     upstreams = _upstreams(store, after, where)
-    run_id, created = store.runs.create(
+    trigger = key or f"adhoc:{uuid.uuid4()}"
+    run = store.runs.create_run(
         template=tpl.name,
-        key=key or f"adhoc:{uuid.uuid4()}",
+        key=trigger,
         variables=checked,
         max_attempts=tpl.options.max_attempts,
         queue=children_queue,
@@ -236,13 +237,13 @@ def submit(
         start_in=start_in,
         after=upstreams,
     )
-    record = store.runs.get(run_id)
-    if record.starts_in > config.stall_timeout:
+    run_id, created = run.id, run.created
+    if run.starts_in > config.stall_timeout:
         return Run(run_id, created=created)  # the reaper starts it when it is due
-    if record.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
+    if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
-            shown = f"{tpl.name} run {run_id} key {record.key}"
-            send_master(run_id, countdown=record.starts_in, shown=shown)
+            shown = f"{tpl.name} run {run_id} key {trigger}"
+            send_master(run_id, countdown=run.starts_in, shown=shown)
         except BrokerUnavailable as exc:
             if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None

@@ -36,14 +36,15 @@ def client_from_row(row: Row[Any]) -> Client:
     )
 
 
-def lock_client(conn: Connection, name: str) -> Client:
+def lock_client(conn: Connection, name: str) -> tuple[Client, bool]:
     """The client a new run is charged to, its row locked until the transaction ends: a
-    limited client's submits pass :func:`check_rates` one at a time."""
+    limited client's submits pass :func:`check_rates` one at a time; and whether it has a row
+    (``default`` may have none)."""
     row = conn.execute(
         sql(f"SELECT {CLIENT_COLUMNS} FROM dtask_clients WHERE name = :name FOR UPDATE"),
         {"name": name},
     ).first()
-    return _client_or_default(row, name)
+    return _client_or_default(row, name), row is not None
 
 
 def _client_or_default(row: Row[Any] | None, name: str) -> Client:

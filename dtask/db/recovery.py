@@ -17,6 +17,21 @@ from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
 from dtask.exceptions import LeaseLost
 
+MASTERS_WHILE_MOVING = 10  # overtaken runs whose master a pass re-sends while masters move
+
+# The front of the masters' queue: the newest run that started within the stall timeout (a
+# started run still active, or one finished since: started_at <= finished_at, so the
+# finished_at index finds it), not counting runs held back by a countdown (their message
+# waits in a worker, not in the queue); NULL when no master moved.
+_FRONT = (
+    "greatest((SELECT max(m.id) FROM dtask_runs m WHERE m.state IN ('splitting', 'running')"
+    "   AND m.started_at > now() - make_interval(secs => :stall) AND m.start_after IS NULL),"
+    " (SELECT max(m.id) FROM dtask_runs m"
+    "   WHERE m.state IN ('succeeded', 'failed', 'cancelled')"
+    "   AND m.finished_at > now() - make_interval(secs => :stall)"
+    "   AND m.started_at > now() - make_interval(secs => :stall) AND m.start_after IS NULL))"
+)
+
 
 @dataclass(frozen=True)
 class Redispatch:
@@ -171,24 +186,42 @@ class RecoveryStore:
             counters.add(conn, counters.REDISPATCHED, len(rows))
         return [redispatch_from_row(r) for r in rows]
 
-    def take_stuck(self, stall: float, limit: int = 100) -> list[tuple[int, RunState]]:
+    def take_stuck(
+        self, stall: float, limit: int = 100, while_moving: int = MASTERS_WHILE_MOVING
+    ) -> list[tuple[int, RunState]]:
         """Runs left in pending/splitting for ``stall`` seconds whose master is not working on
         them (its advisory lock is free) and was not re-sent within ``stall``: the submitter or
-        the master's worker died, or the master message is lost. Marked as re-sent now."""
+        the master's worker died, or the master message is lost. Marked as re-sent now;
+        oldest first.
+
+        A stuck run is queued or lost, and its row alone cannot tell which. While masters
+        move (some run started splitting within ``stall``), one waiting that long is most
+        likely queued behind a backlog (a burst of submits): re-sending every one doubled
+        the masters' work (9,770 of 10,000 one-child runs' masters sent twice in a 165 s
+        backlog). Every master goes to the one default queue, delivered in order, so a run
+        older (a lower id) than the newest run that started within ``stall`` (the queue's
+        front) was overtaken: its master is lost (or held by a busy worker). Then only
+        those are re-sent, the oldest ``while_moving`` a pass (each then not again for
+        ``stall``): a lost master is re-sent soon after the queue passed its place, and one
+        still queued behind the front is not. When no master moved for ``stall`` (no worker
+        takes them, or they were all lost) up to ``limit`` are, as before."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "UPDATE dtask_runs SET master_sent_at = now() WHERE id IN ("
+                    "WITH f AS (SELECT " + _FRONT + " AS front)"
+                    " UPDATE dtask_runs SET master_sent_at = now() WHERE id IN ("
                     "   SELECT id FROM dtask_runs WHERE state IN ('pending', 'splitting')"
                     "   AND (start_after IS NULL OR start_after <= now())"
                     "   AND updated_at < now() - make_interval(secs => :stall)"
                     "   AND (master_sent_at IS NULL"
                     "     OR master_sent_at < now() - make_interval(secs => :stall))"
+                    "   AND id < coalesce((SELECT front FROM f), 9223372036854775807)"
                     "   AND pg_try_advisory_xact_lock(:ns, (id & 2147483647)::int)"
-                    "   ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED)"
+                    "   ORDER BY id LIMIT CASE WHEN (SELECT front FROM f) IS NULL THEN :limit"
+                    "     ELSE :few END FOR UPDATE SKIP LOCKED)"
                     " RETURNING id, state"
                 ),
-                {"stall": stall, "limit": limit, "ns": RUN_LOCKS},
+                {"stall": stall, "limit": limit, "few": min(while_moving, limit), "ns": RUN_LOCKS},
             ).all()
         return sorted((int(r.id), RunState(r.state)) for r in rows)
 

@@ -10,12 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row
+from sqlalchemy.exc import OperationalError
 
 from dtask.db import counters, deps
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, sql
 from dtask.db.run_reads import RunReads
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Client, Tier
 from dtask.domain.deadlines import OnLate
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import tier_queue
@@ -50,51 +51,90 @@ _START = (
     " clock_timestamp() + make_interval(secs => CAST(:start_in AS double precision)))"
 )
 
+# Inserts the run unless its key exists, or ``{guard}`` is false; returns what a submit needs
+_INSERT = (
+    "INSERT INTO dtask_runs"
+    " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
+    " execution_cap, client, priority, expected_children, created_at,"
+    " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
+    " state, error, finished_at)"
+    " SELECT CAST(:template AS text), CAST(:key AS text), CAST(:variables AS jsonb),"
+    " CAST(:max_attempts AS integer), CAST(:queue AS text), CAST(:schedule AS text),"
+    " CAST(:slot AS timestamptz), CAST(:execution_cap AS double precision),"
+    " CAST(:client AS text), CAST(:priority AS integer), CAST(:expected_children AS integer),"
+    " clock_timestamp(), CAST(:delay_tolerance AS double precision), CAST(:on_late AS text),"
+    " coalesce(CAST(:slot AS timestamptz), " + _START + ", clock_timestamp())"
+    " + make_interval(secs => CAST(:delay_tolerance AS double precision)),"
+    " CAST(:tier AS text), CAST(:notify_url AS text),"
+    " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
+    " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
+    " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END"
+    " WHERE {guard}"
+    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id, state,"
+    " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
+)
+_INSERT_ALWAYS = sql(_INSERT.format(guard="true"))
+# ...only while the client it is charged to is as the submitter last read it, unlimited: its
+# row share-locked until the insert commits, so a rate limit set meanwhile waits for it (and
+# a limited submit after that counts it); without a row, only ``default`` exists
+_INSERT_UNLIMITED = sql(
+    _INSERT.format(
+        guard="coalesce((SELECT rate_count IS NULL AND child_rate_count IS NULL"
+        "   AND tier IS NOT DISTINCT FROM CAST(:client_tier AS text)"
+        "   AND max_priority IS NOT DISTINCT FROM CAST(:client_max_priority AS integer)"
+        "   FROM dtask_clients WHERE name = CAST(:client AS text) FOR SHARE),"
+        " CAST(:client_absent AS boolean))"
+    )
+)
+
+
+@dataclass(frozen=True)
+class Created:
+    """A submit's run: its id, whether this submit created it (else its key existed), its
+    state and the seconds until it may split (a countdown or eta)."""
+
+    id: int
+    created: bool
+    state: RunState
+    starts_in: float
+
+
+def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
+    return {
+        **asdict(run),
+        "variables": json.dumps(run.variables),
+        "on_late": run.on_late.value,
+        "tier": run.tier.value,
+        "state": state.value,
+        "error": error,
+    }
+
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
     """Insert a run unless its trigger key exists (exactly once per key): its id, or None when
     the key was taken. It is pending, or waiting for its unfinished upstreams, or failed at
     once when one of them failed or was cancelled."""
+    created = _insert(conn, run)
+    return None if created is None else created.id
+
+
+def _insert(conn: Connection, run: NewRun) -> Created | None:
     state, error = deps.initial_state(conn, run.after)
     if run.unmet is not None:
         state, error = RunState.FAILED, run.unmet
-    row = conn.execute(
-        sql(
-            "INSERT INTO dtask_runs"
-            " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
-            " execution_cap, client, priority, expected_children, created_at,"
-            " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
-            " state, error, finished_at)"
-            " VALUES (:template, :key, CAST(:variables AS jsonb), :max_attempts, :queue,"
-            " :schedule, :slot, :execution_cap, :client, :priority, :expected_children,"
-            " clock_timestamp(), :delay_tolerance, :on_late,"
-            " coalesce(:slot, " + _START + ", clock_timestamp())"
-            " + make_interval(secs => :delay_tolerance),"
-            " :tier, CAST(:notify_url AS text),"
-            " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
-            " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
-            " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END)"
-            " ON CONFLICT (trigger_key) DO NOTHING RETURNING id"
-        ),
-        {
-            **asdict(run),
-            "variables": json.dumps(run.variables),
-            "on_late": run.on_late.value,
-            "tier": run.tier.value,
-            "state": state.value,
-            "error": error,
-        },
-    ).first()
+    row = conn.execute(_INSERT_ALWAYS, _params(run, state, error)).first()
     if row is None:
         return None
     deps.insert(conn, int(row.id), run.after)
-    return int(row.id)
+    return Created(int(row.id), True, RunState(row.state), float(row.starts_in))
 
 
 class RunInserts(RunReads):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self.counters = counters.CounterStore(db)
+        # clients as this process last read them, unlimited (see _insert_unlimited)
+        self._unlimited: dict[str, Client] = {}
 
     def create(
         self,
@@ -122,28 +162,66 @@ class RunInserts(RunReads):
         known key returns its run and costs nothing. Its children go to the queue of the
         tier it gets (``tier``, capped by the client's). With ``after`` (existing runs'
         ids; UpstreamNotFound otherwise) it waits for them (see :mod:`dtask.db.deps`)."""
+        got = self.create_run(
+            template, key, variables, max_attempts, queue, execution_cap, client=client,
+            priority=priority, expected_children=expected_children,
+            delay_tolerance=delay_tolerance, on_late=on_late, tier=tier, notify_url=notify_url,
+            start_at=start_at, start_in=start_in, after=after,
+        )  # fmt: skip
+        return got.id, got.created
+
+    def create_run(
+        self,
+        template: str,
+        key: str,
+        variables: dict[str, Any],
+        max_attempts: int,
+        queue: str | None,
+        execution_cap: float | None = None,
+        *,
+        client: str = DEFAULT_CLIENT,
+        priority: int | None = None,
+        expected_children: int | None = None,
+        delay_tolerance: float | None = None,
+        on_late: OnLate = OnLate.RUN,
+        tier: Tier | None = None,
+        notify_url: str | None = None,
+        start_at: datetime | None = None,
+        start_in: float | None = None,
+        after: Sequence[int] = (),
+    ) -> Created:
+        """:meth:`create`, with the run's state and start: what a submit needs, without
+        reading the run again."""
+
+        def new_run(charged: Client) -> NewRun:
+            granted = charged.tier_for(tier)
+            return NewRun(
+                template, key, variables, max_attempts, tier_queue(queue, granted),
+                execution_cap=execution_cap, client=charged.name,
+                priority=charged.priority_for(priority), expected_children=expected_children,
+                delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
+                notify_url=notify_url, start_at=start_at, start_in=start_in,
+                after=tuple(after),
+            )  # fmt: skip
+
+        known = self._unlimited.get(client)
+        if known is not None and not after:
+            created = self._insert_unlimited(new_run(known), known)
+            if created is not None:
+                return created
         try:
             with self.db.tx() as conn:
                 existing = self._by_key(conn, key)
                 if existing is None:
-                    charged = lock_client(conn, client)
+                    charged, present = lock_client(conn, client)
+                    self._remember(charged, present)
                     # a submit of the same key may have committed while this one waited
                     existing = self._by_key(conn, key)
                 if existing is None:
                     check_rates(conn, charged, expected_children)
-                    granted = charged.tier_for(tier)
-                    new = NewRun(
-                        template, key, variables, max_attempts, tier_queue(queue, granted),
-                        execution_cap=execution_cap, client=charged.name,
-                        priority=charged.priority_for(priority),
-                        expected_children=expected_children,
-                        delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
-                        notify_url=notify_url, start_at=start_at, start_in=start_in,
-                        after=tuple(after),
-                    )  # fmt: skip
-                    created = insert_run(conn, new)
+                    created = _insert(conn, new_run(charged))
                     if created is not None:
-                        return created, True
+                        return created
                     existing = self._by_key(conn, key)
                 assert existing is not None
                 existing_after = deps.upstreams_of(conn, existing.id)
@@ -164,12 +242,50 @@ class RunInserts(RunReads):
                 f"key {key!r} already triggered run {existing.id} with another"
                 f" {' and '.join(differs)}; use another key for another run"
             )
-        return int(existing.id), False
+        return Created(int(existing.id), False, RunState(existing.state), float(existing.starts_in))
+
+    def _insert_unlimited(self, run: NewRun, client: Client) -> Created | None:
+        """The submit of a new key for a client without rate limits, as one statement on an
+        autocommit connection (one round trip instead of eleven): the insert happens only if
+        the key is new and the client is still as this process last read it (see
+        ``_INSERT_UNLIMITED``). None when it did not: the caller takes the full path, which
+        tells a known key, a changed client and a missing one apart."""
+        params = {
+            **_params(run, RunState.PENDING, None),
+            "client_tier": client.tier and client.tier.value,
+            "client_max_priority": client.max_priority,
+            "client_absent": client == Client(DEFAULT_CLIENT),
+        }
+        with self.db.owner(durable=True) as conn:
+            try:
+                row = conn.execute(_INSERT_UNLIMITED, params).first()
+            except OperationalError as exc:
+                if not exc.connection_invalidated:
+                    raise
+                return None  # a dead idle connection: had the insert committed, the full
+                # path finds its key
+        if row is None:
+            self._unlimited.pop(client.name, None)  # read it again, in case it changed
+            return None
+        return Created(int(row.id), True, RunState(row.state), float(row.starts_in))
+
+    def _remember(self, client: Client, present: bool) -> None:
+        unlimited = client.rate is None and client.child_rate is None
+        if unlimited and (present or client == Client(DEFAULT_CLIENT)):
+            if len(self._unlimited) >= 1000:
+                self._unlimited.clear()
+            self._unlimited[client.name] = client
+        else:
+            self._unlimited.pop(client.name, None)
 
     @staticmethod
     def _by_key(conn: Connection, key: str) -> Row[Any] | None:
         return conn.execute(
-            sql("SELECT id, template, variables FROM dtask_runs WHERE trigger_key = :key"),
+            sql(
+                "SELECT id, template, variables, state,"
+                " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
+                " FROM dtask_runs WHERE trigger_key = :key"
+            ),
             {"key": key},
         ).first()
 

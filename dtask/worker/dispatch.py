@@ -6,6 +6,7 @@ Messages are addressed by task name, so this module needs the Celery app but not
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from celery.backends.redis import RedisBackend
@@ -44,18 +45,23 @@ def send_master(
     app's pool. ``shown`` is what Flower and the logs show as its arguments (its template
     and trigger), where the caller knows them."""
     app = configure()
+    send = partial(
+        app.send_task,
+        MASTER,
+        args=(run_id,),
+        queue=DEFAULT_QUEUE,
+        countdown=countdown or None,
+        argsrepr=shown or f"run {run_id}",
+        retry=True,
+        ignore_result=True,
+        **_priority(MASTERS),
+    )
     try:
-        app.send_task(
-            MASTER,
-            args=(run_id,),
-            queue=DEFAULT_QUEUE,
-            countdown=countdown or None,
-            argsrepr=shown or f"run {run_id}",
-            retry=True,
-            ignore_result=True,
-            producer=through,
-            **_priority(MASTERS),
-        )
+        try:  # the message and its task-sent event in one round trip (on Redis, a pipeline)
+            with app.producer_or_acquire(through) as producer, producer.batch(max_size=8):
+                send(producer=producer)
+        except Exception:  # failed at the flush, past the publish's retries: send it as
+            send(producer=through)  # Celery does (a duplicate master is harmless)
     except Exception as exc:
         raise BrokerUnavailable(
             f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"

@@ -9,7 +9,8 @@ pass ends well within the turn's limit (one lease TTL). It:
 2. releases children whose lease expired (owner dead or hung) and re-sends them with their
    original task id and chord options, so they resume from their checkpoint elsewhere;
 3. re-sends the master message of runs stuck in pending/splitting: a worker that knows the
-   template splits and dispatches them (the split is user code and may take long);
+   template splits and dispatches them (the split is user code and may take long); while
+   masters move, only those the queue's front passed, a few a pass (the rest are queued);
 4. re-sends pending children whose message was sent a stall timeout ago and not claimed
    (lost messages), oldest first and a bounded number per queue, whatever the queue holds.
 """

@@ -11,7 +11,8 @@ import pytest
 from dtask import services
 from dtask.client.clients import get_client, list_clients, remove_client, set_client
 from dtask.db import Claim, Store
-from dtask.exceptions import ClientNotFound, RateLimited
+from dtask.domain.runs import RunState
+from dtask.exceptions import ClientNotFound, KeyConflict, RateLimited
 
 
 @pytest.fixture
@@ -154,3 +155,38 @@ def test_a_slot_run_s_deadline_counts_from_its_slot(store: Store) -> None:
         run_id = insert_run(conn, run)
     assert run_id is not None
     assert store.runs.status(run_id).deadline == slot + timedelta(minutes=10)
+
+
+def test_a_client_read_without_limits_is_checked_again_by_each_submit(store: Store) -> None:
+    """A process remembers a client it found without rate limits and submits for it in one
+    statement, which inserts only while the client's row still says so: a limit, a lower
+    priority cap or its removal holds from the next submit on."""
+    client = new_client(max_priority=7)
+    create(store, client)  # read (and remembered) without limits
+    create(store, client)  # one statement
+    set_client(client, rate="3/h", max_priority=2)  # two used, one left
+    capped = store.runs.create_run(
+        "t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9
+    )
+    assert store.runs.status(capped.id).priority == 2
+    with pytest.raises(RateLimited):
+        create(store, client)
+    gone = new_client()
+    create(store, gone)
+    create(store, gone)
+    remove_client(gone)
+    with pytest.raises(ClientNotFound):
+        create(store, gone)
+
+
+def test_a_key_submitted_twice_in_one_statement_returns_the_same_run(store: Store) -> None:
+    key = f"test:{uuid.uuid4()}"
+    create(store, "default")  # the default client, remembered
+    first = store.runs.create_run("t", key, {"n": 1}, 3, None)
+    again = store.runs.create_run("t", key, {"n": 1}, 3, None)
+    assert (first.created, again.created) == (True, False)
+    assert again.id == first.id and again.state is first.state is RunState.PENDING
+    with pytest.raises(KeyConflict, match="another variables"):
+        store.runs.create_run("t", key, {"n": 2}, 3, None)
+    later = store.runs.create_run("t", f"test:{uuid.uuid4()}", {}, 3, None, start_in=600)
+    assert 590 < later.starts_in <= 600

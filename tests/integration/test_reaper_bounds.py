@@ -12,6 +12,7 @@ import pytest
 
 from dtask import services
 from dtask.db import Claim, Store
+from dtask.db.recovery import MASTERS_WHILE_MOVING
 from dtask.domain.runs import RunState
 from dtask.worker import configure
 from dtask.worker.app import app
@@ -88,3 +89,35 @@ def test_lost_messages_are_re_sent_whatever_the_queue_holds_in_bounded_batches(
     assert queue_size(queue) == 99
     lead_a_pass()
     assert queue_size(queue) == 99  # each child at most once per stall timeout
+
+
+def test_masters_queued_behind_moving_ones_are_not_re_sent_but_a_lost_one_is(
+    store: Store,
+) -> None:
+    """A burst of submits queues masters behind a backlog: while masters move, a pass re-sends
+    only runs older than one that started (overtaken: lost), a few of the oldest a pass; when
+    nothing moves every stuck run's master is re-sent."""
+    stall = 1.0
+    lost = [new_run(store, "print_range", {"n": 1}) for _ in range(3 * MASTERS_WHILE_MOVING)]
+    running_run(store)  # a master took a run submitted after those just now: masters move
+    queued = [new_run(store, "print_range", {"n": 1}) for _ in range(5)]
+    run_sql(
+        "UPDATE dtask_runs SET updated_at = now() - interval '1 hour' WHERE id = ANY(:ids)",
+        ids=lost + queued,
+    )  # waiting for a master for an hour
+    first = store.recovery.take_stuck(stall)
+    assert 0 < len(first) <= MASTERS_WHILE_MOVING  # before: all 35 (and earlier tests' runs)
+    # oldest first, each at most once per stall: the newest lost one comes in turn
+    taken = [run_id for run_id, _ in first]
+    for _ in range(10_000):
+        more = store.recovery.take_stuck(stall)
+        assert len(more) <= MASTERS_WHILE_MOVING
+        taken += [run_id for run_id, _ in more]
+        if not more:
+            break
+    assert set(lost) <= set(taken)
+    assert not set(queued) & set(taken)  # behind the queue's front: still queued
+    time.sleep(stall + 0.2)  # nothing moved for a stall timeout: no worker takes masters
+    run_sql("UPDATE dtask_runs SET master_sent_at = NULL WHERE id = ANY(:ids)", ids=lost)
+    stuck = {run_id for run_id, _ in store.recovery.take_stuck(stall, limit=100_000)}
+    assert set(lost + queued) <= stuck
