@@ -103,10 +103,13 @@ class DispatchPass:
                 "  UNION ALL"
                 "  SELECT run_id, 0, count(*) FROM dtask_children"
                 "   WHERE state = 'running' GROUP BY run_id) c,"
-                # each run's row by its key (LIMIT: not a hash of every run, as the planner
-                # would pick for a few hundred runs out)
-                " LATERAL (SELECT queue, client, template FROM dtask_runs"
-                "   WHERE id = c.run_id AND state = 'running' LIMIT 1) r"
+                # each run's row by its key alone (LIMIT: not a hash of every run, as the
+                # planner would pick for a few hundred runs out; the state filtered after:
+                # with it inside, stale statistics made the planner walk the state index
+                # for every run out, 18 ms a pass at a thousand small runs)
+                " LATERAL (SELECT queue, client, template, state FROM dtask_runs"
+                "   WHERE id = c.run_id LIMIT 1) r"
+                " WHERE r.state = 'running'"
                 " GROUP BY r.queue, r.client, r.template"
             )
         ).all()
