@@ -52,22 +52,24 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 # Not part of `make test`: ~15 minutes. bench.peers: dtask, stock Celery, Dramatiq and
-# Procrastinate side by side (10,000 and 100,000 children); many small runs; latency while a
+# Procrastinate side by side (10,000 and 100,000 children); 3,000 small runs; latency while a
 # 100,000-child run is busy; then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers
-	$(BIN)/python -m bench.small_runs
+	$(BIN)/python -m bench.small_runs --runs 3000
 	$(BIN)/python -m bench.busy_latency
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
-# Not part of `make bench` (~25 minutes): 100,000 then 1,000,000 children in one cluster
-# (peak RSS, Redis memory), and the peers with RabbitMQ as the broker (needs RabbitMQ at
-# 127.0.0.1:5672, guest/guest: the benchmark makes its own vhost); then docs/benchmarks.md
-# is rendered again with them (bench/out/million.json, peers-amqp.md).
+# Not part of `make bench` (~35 minutes): 100,000 then 1,000,000 children in one cluster
+# (peak RSS, Redis memory), the peers with RabbitMQ as the broker (needs RabbitMQ at
+# 127.0.0.1:5672, guest/guest: the benchmark makes its own vhost) and 10,000 small runs; then
+# docs/benchmarks.md is rendered again with them (bench/out/million.json, peers-amqp.md,
+# small_runs.json).
 bench-big: $(BENCH_STAMP)
 	$(BIN)/python -m bench.million
 	$(BIN)/python -m bench.peers --broker amqp --systems dtask,celery,dramatiq
+	$(BIN)/python -m bench.small_runs --runs 10000
 	$(BIN)/python -m bench.report
 
 # Not part of `make test` (its 2-minute version is: tests/acceptance/test_soak.py, `-m soak`):

@@ -93,6 +93,7 @@ def window(
     return 2 * slots * batch + math.ceil(2 * finished_per_second * interval)
 
 
+SMALL_RUN_CHILDREN = 100  # a run this small goes ahead of large ones (broker level, first child)
 BATCH_SECONDS = 0.05  # a message's work when a run's children are short: what a new run's
 # first child may wait for a pool process busy with a large run's message
 MAX_BATCH = 100
@@ -155,13 +156,19 @@ def plan(
 def plan_with_newcomers(
     demands: Iterable[Demand], shares: dict[str, Share], free: int, overrun: int, passes: Passes
 ) -> dict[int, int]:
-    """``plan``, then one child each for the runs this dispatcher has sent nothing yet and
-    that ``plan`` left out (the window was full), ``overrun`` of them at most, however full:
-    a new run's first child does not wait for a large run's queued messages to drain. What
-    that adds to the broker is bounded by how fast runs are split (a pass per split, and
-    ``overrun`` per pass); the rest of every run waits for the window."""
+    """``plan``, then one child each for the small runs this dispatcher has sent nothing yet
+    and that ``plan`` left out (the window was full), ``overrun`` of them at most, however
+    full: a short job's first child does not wait for a large run's queued messages to drain.
+    What that adds to the broker is bounded by how fast runs are split (a pass per split, and
+    ``overrun`` per pass); the rest of every run waits for the window. Large runs get no such
+    lane: between them the window's fair share alone decides (an extra child to a newcomer
+    in each dispatcher's pass tilted two clients' share to 61/39)."""
     demands = list(demands)
-    new = [d for d in demands if d.run_id not in passes.runs and d.unsent > 0]
+    new = [
+        d
+        for d in demands
+        if d.run_id not in passes.runs and d.unsent > 0 and d.total <= SMALL_RUN_CHILDREN
+    ]
     sent = plan(demands, shares, free, passes)
     extra = overrun
     rest = [replace(d, unsent=1) for d in new if d.run_id not in sent]

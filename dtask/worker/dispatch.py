@@ -13,6 +13,7 @@ from celery.backends.redis import RedisBackend
 from celery.utils.saferepr import saferepr
 
 from dtask.db import Redispatch, RunRecord
+from dtask.domain.dispatch import SMALL_RUN_CHILDREN
 from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
 from dtask.worker.app import configure, current
@@ -107,7 +108,6 @@ def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> No
 # short job never waits behind a large one's backlog; then large runs' children, FIFO.
 # RabbitMQ needs x-max-priority queues (and counts the other way): there everything is FIFO.
 RESEND, SMALL_RUN, LARGE_RUN = 0, 3, 6
-SMALL_RUN_CHILDREN = 100
 # Masters beside small runs' children, not ahead of every child: in a burst of 10,000
 # one-child runs, masters at 0 ran all before any child (and their backlog looked stuck).
 MASTERS = SMALL_RUN

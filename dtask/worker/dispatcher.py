@@ -21,9 +21,16 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, runnable, window
+from dtask.domain.dispatch import (
+    SMALL_RUN_CHILDREN,
+    Passes,
+    batch_size,
+    plan_with_newcomers,
+    runnable,
+    window,
+)
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import SMALL_RUN_CHILDREN, publish
+from dtask.worker.dispatch import publish
 from dtask.worker.loop import Loop
 from dtask.worker.reaper import Sender
 from dtask.worker.registry import knowing

@@ -45,7 +45,7 @@ def slow(n: int = 40, after: list[Any] | None = None, delay: float = 0.05) -> dt
 def test_a_diamond_runs_in_order_with_its_branches_in_parallel(
     dtask_env: dict[str, str], workers: list[WorkerProcess]
 ) -> None:
-    a = slow(20)
+    a = slow(20, delay=0.3)  # 6 s: still running while the CLI submits D and shows it waiting
     b, c = slow(after=[a]), slow(after=[a.id])
     made = cli(dtask_env, "submit", "slow_range", "-v", "n=20", "-v", "delay=0.05",
                "--after", str(b.id), "--after-key", b.status().key,

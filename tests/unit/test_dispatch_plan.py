@@ -202,3 +202,5 @@ def test_a_new_run_gets_its_first_child_while_a_large_one_fills_the_window() -> 
     assert plan_with_newcomers([large, new], {}, 0, 2, known) == {2: 1}
     assert plan_with_newcomers([large, new], {}, -300, 2, Passes(runs={1: 40.0})) == {2: 1}
     assert plan_with_newcomers([large, new], {}, -300, 0, Passes(runs={1: 40.0})) == {}
+    big_new = Demand(3, "b", 5, None, 500, total=500)  # large runs share the window only
+    assert plan_with_newcomers([large, big_new], {}, 0, 2, Passes(runs={1: 40.0})) == {}
