@@ -158,7 +158,9 @@ class Dispatcher:
                 passes.forget_except({d.client for d in runs}, {d.run_id for d in runs})
                 queue_sent = 0
                 of = {d.run_id: d for d in runs}
-                counts = plan_with_newcomers(runs, shares, size - queued, slots, passes)
+                # DTASK_DISPATCH_WINDOW is the operator's bound on the broker: no lane past it
+                overrun = 0 if settings.dispatch_window is not None else slots
+                counts = plan_with_newcomers(runs, shares, size - queued, overrun, passes)
                 for run_id, count in counts.items():
                     children = turn.take(run_id, count)
                     level = broker_priority(of[run_id].priority, of[run_id].total)
