@@ -207,9 +207,9 @@ def write(results: dict[str, Any]) -> None:
         "N no-op children from one submitter, then a completion callback (dtask: the run's"
         " `finished_at`; stock Celery: `chord(...)(done.s())` until the callback's result;"
         " Dramatiq: `group(...).add_completion_callback`; Procrastinate, which has no fan-in:"
-        " `batch_defer` of N jobs until the last succeeded). Sizes up to"
+        " `batch_defer` of N jobs until the last succeeded). Sizes below"
         f" {peers.get('big', 100_000):,} run {peers.get('repeats', 3)} times each, larger ones"
-        " once; Procrastinate runs at the smaller sizes only.",
+        " once (Celery, Dramatiq and dtask; Procrastinate at the smaller sizes only).",
         "",
         *parts.peers_section("peers.md", "Not run (`python -m bench.peers`)."),
         f"![fan-out](benchmarks/{images[0]})",
