@@ -26,14 +26,13 @@ from dtask.domain.dispatch import (
     Passes,
     batch_size,
     plan_with_newcomers,
-    runnable,
     window,
 )
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import publish
 from dtask.worker.loop import Loop
 from dtask.worker.reaper import Sender
-from dtask.worker.registry import knowing
+from dtask.worker.registry import runs_here
 
 log = logging.getLogger("dtask.worker")
 
@@ -129,13 +128,11 @@ class Dispatcher:
             if not demands:
                 return 0
             workers = store.workers.live(settings.worker_seen_within)
-            known = knowing(workers)
-            queues_out, clients_out = turn.out(
-                lambda queue, template: runnable(template, known.get(queue or DEFAULT_QUEUE, []))
-            )
+            can = runs_here(workers)
+            queues_out, clients_out = turn.out(can)
             for queue, waiting in demands.items():
                 name = queue or DEFAULT_QUEUE
-                runs = [d for d in waiting if runnable(d.template, known.get(name, []))]
+                runs = [d for d in waiting if can(queue, d.template)]
                 if not runs:
                     continue
                 out = queues_out.get(queue)

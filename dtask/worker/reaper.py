@@ -31,7 +31,7 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.db import Store, Waiting
-from dtask.domain.dispatch import batch_size, runnable
+from dtask.domain.dispatch import batch_size
 from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
@@ -260,19 +260,13 @@ def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> i
     """Re-send children not claimed a stall timeout after their message was sent, each queue
     on its own (a queue whose broker fails is logged and skipped)."""
     resent = 0
-    known = registry.knowing(store.workers.live(config.worker_seen_within))
-    can = partial(_runnable, known)
+    can = registry.runs_here(store.workers.live(config.worker_seen_within))
     for waiting in store.recovery.waiting(config.stall_timeout, can):
         if waiting.overdue and budget.left():
             name = waiting.queue or DEFAULT_QUEUE
             step = partial(_resend_queue, store, config, budget, sender, waiting)
             resent += failures.guard(f"re-sending lost messages of queue {name!r}", None, step) or 0
     return resent
-
-
-def _runnable(known: dict[str, list[tuple[str, ...] | None]], queue: str | None, tpl: str) -> bool:
-    """No copies of children that no live worker of their queue can run: they would circle."""
-    return runnable(tpl, known.get(queue or DEFAULT_QUEUE, []))
 
 
 def _resend_queue(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
@@ -15,7 +16,9 @@ from celery.worker import state as worker_state
 
 from dtask import services
 from dtask.db import WorkerInfo
+from dtask.domain.dispatch import runnable
 from dtask.domain.templates import registry
+from dtask.domain.tiers import DEFAULT_QUEUE
 
 log = logging.getLogger("dtask.worker")
 _me: tuple[str, tuple[str, ...], int] | None = None
@@ -73,10 +76,15 @@ def install() -> None:
     worker_shutting_down.connect(_leave, weak=False)
 
 
-def knowing(workers: list[WorkerInfo]) -> dict[str, list[tuple[str, ...] | None]]:
-    """Per queue, the templates each of its live workers knows."""
+def runs_here(workers: list[WorkerInfo]) -> Callable[[str | None, str], bool]:
+    """Whether a live worker of ``queue`` (None: the default) can run ``template``: the one
+    test the dispatcher and the reaper apply before sending a run's children."""
     known: dict[str, list[tuple[str, ...] | None]] = {}
     for w in workers:
         for queue in w.queues:
             known.setdefault(queue, []).append(w.templates)
-    return known
+
+    def can(queue: str | None, template: str) -> bool:
+        return runnable(template, known.get(queue or DEFAULT_QUEUE, []))
+
+    return can
