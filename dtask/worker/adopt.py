@@ -21,7 +21,7 @@ from dtask import services, settings
 from dtask.db.engine import as_pool_process
 from dtask.domain.limits import over_budget
 from dtask.exceptions import DtaskError
-from dtask.worker import dispatcher, drain, monitor, notifier, reaper, registry, tasks
+from dtask.worker import dispatcher, drain, events, monitor, notifier, reaper, registry, tasks
 from dtask.worker.app import use_host
 from dtask.worker.config import DEFAULT_QUEUE
 
@@ -80,6 +80,7 @@ def install_worker_side() -> None:
     notifier.install()
     monitor.install()
     drain.install()
+    events.install()
     celeryd_init.connect(_before_start, weak=False)
     worker_init.connect(_import_driver, weak=False)
     worker_process_init.connect(_as_pool_process, weak=False)
