@@ -104,6 +104,16 @@ _TAKEN = (
 )
 
 
+# A child's success, under the caller's fence (``:cp`` its last checkpoint, ``:result`` its
+# return value as JSON text)
+FINISH = (
+    "state = 'succeeded', finished_at = now(),"
+    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+    " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
+    " result = CAST(:result AS jsonb)"
+)
+
+
 def _claim(row: Row[Any]) -> Claim:
     return Claim(
         child_id=row.id,
@@ -228,7 +238,7 @@ class ChildStore:
                 {"id": claim.child_id, "fence": claim.fence, **params},
             )
             if result.rowcount != 1:
-                raise LeaseLost(_lease_lost(claim))
+                raise LeaseLost(lease_lost(claim))
 
     def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
         """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
@@ -244,15 +254,7 @@ class ChildStore:
     def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
         """running -> succeeded under our fence, with the function's return value (JSON text,
         checked by the caller), or raise LeaseLost."""
-        self._fenced_update(
-            claim,
-            "state = 'succeeded', finished_at = now(),"
-            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-            " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
-            " result = CAST(:result AS jsonb)",
-            cp=_json_or_none(final_checkpoint),
-            result=result,
-        )
+        self._fenced_update(claim, FINISH, cp=json_or_none(final_checkpoint), result=result)
 
     def note_time(self, run_id: int, seconds: float) -> None:
         """Fold a child's measured time (claim to finish, in its pool process) into the run's
@@ -309,7 +311,7 @@ class ChildStore:
                 },
             ).first()
         if row is None:
-            raise LeaseLost(_lease_lost(claim))
+            raise LeaseLost(lease_lost(claim))
         return ChildState(row.state)
 
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
@@ -335,7 +337,7 @@ class ChildStore:
             "state = 'pending', attempt = attempt - 1,"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
             " lease_expires_at = NULL, sent_at = now()",  # its hand-over message goes now
-            cp=_json_or_none(checkpoint),
+            cp=json_or_none(checkpoint),
         )
 
     def revoke(self, run_id: int, index: int, error: str) -> bool:
@@ -446,7 +448,7 @@ def _view(row: Row[Any]) -> ChildView:
     )
 
 
-def _json_or_none(value: Any | None) -> str | None:
+def json_or_none(value: Any | None) -> str | None:
     return None if value is None else json.dumps(value)
 
 
@@ -457,7 +459,7 @@ def _exhausted(attempts: int, last_error: str | None) -> str:
     return f"gave up after {attempts} attempt(s): {reason}"
 
 
-def _lease_lost(claim: Claim) -> str:
+def lease_lost(claim: Claim) -> str:
     return (
         f"child {claim.child_id} was taken over by another worker (fence {claim.fence} is stale);"
         " this worker stops working on it"

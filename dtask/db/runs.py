@@ -10,8 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dtask.db import deps
+from dtask.db import deps, run_here
+from dtask.db.children import Claim
 from dtask.db.database import lock_run, sql
+from dtask.db.run_here import TakeHere
 from dtask.db.run_inserts import RunInserts
 from dtask.db.run_reads import child_results
 from dtask.domain.clients import Tier
@@ -46,6 +48,7 @@ class RunRecord:
 
 # (the run, a loader of its children's results in index order) -> its result as JSON text
 Reducer = Callable[[RunRecord, Callable[[], list[Any]]], str | None]
+Reduced = tuple[int, str | None, str | None]  # the dispatch reduced, its result, its error
 
 
 class RunStore(RunInserts):
@@ -93,13 +96,17 @@ class RunStore(RunInserts):
         plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
+        here: TakeHere | None = None,
     ) -> RunState:
         """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
 
         If ``plan`` raises a DtaskError the run is failed with its message. With
         ``wait=False`` a run whose lock is held (a master is on it) is left alone. With
         ``deferred`` the children wait unsent for the dispatcher (DTASK_DISPATCH=window).
-        """
+
+        With ``here`` (deferred only), a run of one child that the dispatcher would send at
+        once goes straight to running with its child taken for the caller, who runs it
+        (:func:`dtask.db.run_here.take`)."""
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
@@ -111,6 +118,9 @@ class RunStore(RunInserts):
             except DtaskError as exc:
                 self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
                 return RunState.FAILED
+            if here is not None and deferred and len(specs) == 1:  # noqa: SIM102 (a write)
+                if run_here.take(conn, run_id, run.max_attempts, specs[0], here):
+                    return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
             conn.execute(
                 sql(
@@ -283,6 +293,15 @@ class RunStore(RunInserts):
             )
             return RunState.SPLITTING
 
+    def finish_alone(
+        self, run_id: int, claim: Claim, checkpoint: Any | None, result: str | None
+    ) -> list[int] | None:
+        """A run's only child succeeded, and the run with it, in one transaction (for a run
+        whose template has no reduce): :func:`dtask.db.run_here.finish`."""
+        with self.db.tx() as conn:
+            lock_run(conn, run_id, wait=True)
+            return run_here.finish(conn, run_id, claim, checkpoint, result)
+
     def finalize(
         self,
         run_id: int,
@@ -290,56 +309,67 @@ class RunStore(RunInserts):
         reduce: Reducer | None = None,
         released: list[int] | None = None,
         ended: list[str] | None = None,
+        reduces: Callable[[str], bool] = lambda template: True,
     ) -> RunState:
         """running -> succeeded|failed once every child has finished; otherwise a no-op.
         The dependents a success releases are added to ``released``: their masters are the
         caller's to send; the chord this call ended (its group id), to ``ended``. With
-        ``wait=False`` a run whose lock is held is left as it is. A succeeding run's result is
-        ``reduce(run, children's results)`` (JSON text), computed between two
-        transactions, so no lock is held while that user code runs: the second one writes only
-        if the run is still the same dispatch, finished. A DtaskError from the reduce fails the
-        run with its message; UnknownTemplate leaves the run to a process that knows it."""
-        reduced: tuple[int, str | None, str | None] | None = None  # dispatch, result, error
-        if reduce is not None:
+        ``wait=False`` a run whose lock is held is left as it is. A succeeding run whose
+        template ``reduces`` gets ``reduce(run, children's results)`` (JSON text) as its result,
+        computed between two transactions, so no lock is held while that user code runs: the
+        second one writes only if the run is still the same dispatch, finished (a run that
+        does not reduce takes one transaction). A DtaskError from the reduce fails the run with
+        its message; UnknownTemplate leaves the run to a process that knows it."""
+        reduced: Reduced | None = None
+        while True:
             with self.db.tx() as conn:
+                if not lock_run(conn, run_id, wait):
+                    return self._record(conn, run_id).state
                 run = self._record(conn, run_id)
-                done = run.state is RunState.RUNNING and (
-                    outcome(self._counts(conn, run_id)) is RunState.SUCCEEDED
-                )
-                results = child_results(conn, run_id) if done else []
-            if done:
-                try:
-                    reduced = (run.dispatches, reduce(run, lambda: results), None)
-                except UnknownTemplate:
+                if run.state.finished:
                     return run.state
-                except DtaskError as exc:
-                    reduced = (run.dispatches, None, str(exc))
-        with self.db.tx() as conn:
-            if not lock_run(conn, run_id, wait):
-                return self._record(conn, run_id).state
-            run = self._record(conn, run_id)
-            if run.state.finished:
+                final = outcome(self._counts(conn, run_id))
+                if final is None:
+                    return run.state
+                needs = final is RunState.SUCCEEDED and reduce is not None
+                needs = needs and reduces(run.template)
+                if not needs or reduced is not None:
+                    return self._settle(conn, run, final, reduced, released, ended)
+                results = child_results(conn, run_id)
+            assert reduce is not None
+            try:  # the lock is released: the user's reduce runs outside it
+                reduced = (run.dispatches, reduce(run, lambda: results), None)
+            except UnknownTemplate:
                 return run.state
-            final = outcome(self._counts(conn, run_id))
-            if final is None:
-                return run.state
-            error = self._failure_summary(conn, run_id) if final is RunState.FAILED else None
-            result = None
-            if final is RunState.SUCCEEDED and reduce is not None:
-                if reduced is None or reduced[0] != run.dispatches:
-                    return run.state  # reduced for another dispatch (a rerun): not ours
-                _, result, failed = reduced
-                if failed is not None:
-                    final, error = RunState.FAILED, failed
-            # a rerun's run is splitting: its own chord finalizes it, not this late callback
-            settled = self._set_run_state(conn, run_id, final, error=error, result=result)
-            if settled is None:
-                return run.state
-            if released is not None:
-                released.extend(settled)
-            if ended is not None and run.group_id is not None:
-                ended.append(run.group_id)
-            return final
+            except DtaskError as exc:
+                reduced = (run.dispatches, None, str(exc))
+
+    def _settle(
+        self,
+        conn: Connection,
+        run: RunRecord,
+        final: RunState,
+        reduced: Reduced | None,
+        released: list[int] | None,
+        ended: list[str] | None,
+    ) -> RunState:
+        error = self._failure_summary(conn, run.id) if final is RunState.FAILED else None
+        result = None
+        if reduced is not None:
+            dispatch, result, failed = reduced
+            if dispatch != run.dispatches:
+                return run.state  # reduced for another dispatch (a rerun): not ours
+            if failed is not None:
+                final, error = RunState.FAILED, failed
+        # a rerun's run is splitting: its own chord finalizes it, not this late callback
+        settled = self._set_run_state(conn, run.id, final, error=error, result=result)
+        if settled is None:
+            return run.state
+        if released is not None:
+            released.extend(settled)
+        if ended is not None and run.group_id is not None:
+            ended.append(run.group_id)
+        return final
 
     @staticmethod
     def _set_run_state(

@@ -26,8 +26,7 @@ from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain
 from dtask.worker.dispatch import CHILDREN, publish
-from dtask.worker.tasks import (
-    dtask_task,
+from dtask.worker.lifecycle import (
     finalize_if_last,
     hand_over,
     note_time,
@@ -35,6 +34,7 @@ from dtask.worker.tasks import (
     run_child,
     template_backoff,
 )
+from dtask.worker.tasks import dtask_task
 
 log = logging.getLogger("dtask.worker")
 

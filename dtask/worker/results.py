@@ -36,6 +36,7 @@ class Finalizes(Protocol):
         reduce: Reducer | None = None,
         released: list[int] | None = None,
         ended: list[str] | None = None,
+        reduces: Callable[[str], bool] = ...,
     ) -> RunState: ...
 
 
@@ -49,14 +50,18 @@ def finalize_run(
     run_id: int,
     wait: bool = True,
     producer: Callable[[], Any] | None = None,
+    chord: bool = True,
 ) -> RunState:
     """Finalize the run with its template's reduce (every finalizer goes through here), wake
     the masters of the dependents its success released, and drop what Celery's result
     backend still keeps of the run's chord (once, by the call that ended it): its done
-    marker turns the parts still to return (the last child's own, a batch's) into no-ops."""
+    marker turns the parts still to return (the last child's own, a batch's) into no-ops.
+    ``chord=False``: the run's children sent no message (a child run by its master)."""
     released: list[int] = []
     ended: list[str] = []
-    state = store.runs.finalize(run_id, wait=wait, reduce=reducer, released=released, ended=ended)
+    state = store.runs.finalize(
+        run_id, wait, reducer, released, ended if chord else None, reduces=runs_user_code
+    )
     start_released(run_id, released, producer)
     for group in ended:
         forget(run_id, group)

@@ -1,7 +1,8 @@
 """The thin Celery tasks. Each is idempotent: any message may arrive twice.
 
-master   pending -> splitting (children inserted once) -> running (chord sent)
-child    claim under a lease with a fence, heartbeat, run from the checkpoint, finish
+master   pending -> splitting (children inserted once) -> running (chord sent); a run of one
+         child nothing competes with: its child taken at the split and run here
+child    one child's lifecycle (dtask/worker/lifecycle.py)
 finalize (the chord callback, also its errback) marks the master from PostgreSQL's counts
 """
 
@@ -9,86 +10,47 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import socket
-import sys
-import time
-import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn
 
 from celery import Celery, Task
 from celery.exceptions import Ignore
 
 from dtask import services
-from dtask.db import Claim, Redispatch, Refusal, RunRecord, Store
-from dtask.domain.context import ChildContext
-from dtask.domain.results import encode_result
-from dtask.domain.runs import ChildState, ClaimRefusal, RunState
+from dtask.db import Claim, RunRecord, Store
+from dtask.db.run_here import TakeHere
+from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
     ChildFailed,
-    ChildStopped,
     DatabaseUnavailable,
-    DtaskError,
-    ExecutionCapExceeded,
     InvalidVariables,
     LeaseLost,
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import dispatcher, drain, links, runaway
+from dtask.worker import dispatcher, drain
 from dtask.worker.app import app
 from dtask.worker.dispatch import (
     CHILD,
     FINALIZE,
     MASTER,
     SUBMIT,
-    publish,
     readable,
     send_chord,
 )
-from dtask.worker.heartbeat import Heartbeat
-from dtask.worker.output import Tail
-from dtask.worker.results import Finalizes, finalize_run
+from dtask.worker.lifecycle import (
+    hand_over,
+    note_time,
+    noted,
+    owner_name,
+    run_child,
+    template_backoff,
+)
+from dtask.worker.results import finalize_run, start_released
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
-
-
-def template_backoff(retries: int) -> float:
-    """Seconds before a message this worker could not run (no template) is offered again."""
-    return float(min(2**retries, 2 * services.current().settings.stall_timeout))
-
-
-T = TypeVar("T")
-
-
-class ChildWrites(Protocol):
-    """What a claimed child's lifecycle writes: ``dtask.db.children.ChildStore`` (each write
-    fenced), or a fake of it in unit tests."""
-
-    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None: ...
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None: ...
-    def finish(
-        self, claim: Claim, final_checkpoint: Any | None, result: str | None = None
-    ) -> None: ...
-    def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
-    def fail_attempt(
-        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
-    ) -> ChildState: ...
-    def error(self, run_id: int, index: int) -> str | None: ...
-    def any_unfinished(self, run_id: int) -> bool: ...
-
-
-class LifecycleStore(Protocol):
-    """The part of ``Store`` the child lifecycle uses."""
-
-    @property
-    def children(self) -> ChildWrites: ...
-    @property
-    def runs(self) -> Finalizes: ...
 
 
 TASKS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
@@ -119,10 +81,6 @@ def register(host: Celery) -> None:
         host.task(shared=False, **settings)(function)
 
 
-def owner_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 class TemplateElsewhere(Exception):
     """This worker cannot load the run's template; another worker may (a rolling deploy)."""
 
@@ -140,13 +98,18 @@ def template_wait(settings: Settings) -> float:
     return 4 * settings.stall_timeout
 
 
-def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
-    """Split and dispatch ``run_id`` if that has not happened yet (the master task's body,
-    also called by the reaper for stuck runs). Raises TemplateElsewhere, leaving the run
-    pending, when this worker does not know the template and others may still take it."""
+def run_master(
+    store: Store, run_id: int, wait: bool = True, here: list[Here] | None = None
+) -> RunState:
+    """Split and dispatch ``run_id`` if that has not happened yet (the master task's body).
+    Raises TemplateElsewhere, leaving the run pending, when this worker does not know the
+    template and others may still take it. With ``here``, a run of one child the dispatcher
+    would send at once is not sent: ``here`` gets its child, for the caller to run."""
     settings = services.current().settings
+    template_of: list[str] = []
 
     def plan(run: RunRecord) -> list[str]:
+        template_of.append(run.template)
         try:
             template = registry.get(run.template)
         except UnknownTemplate as exc:
@@ -161,7 +124,13 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
             return template.plan(run.variables, settings.max_children, settings.max_child_spec)
 
     deferred = settings.dispatch == "window"  # the dispatcher sends the children
-    state = store.runs.split(run_id, plan, wait=wait, deferred=deferred)
+    # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it here
+    take = None
+    if here is not None and settings.dispatch_window is None:
+        take = TakeHere(owner_name(), settings.lease_ttl)
+    state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, here=take)
+    if here is not None and take is not None:
+        here.extend(Here(run_id, i, template_of[0], claim) for i, claim in take.taken)
     if state is RunState.PENDING:
         starts_in = store.runs.get(run_id).starts_in
         if starts_in > 0:
@@ -175,8 +144,9 @@ def run_master(store: Store, run_id: int, wait: bool = True) -> RunState:
 
 @dtask_task(MASTER, bind=True, ignore_result=True, max_retries=None)
 def master(self: Task, run_id: int) -> None:
+    here: list[Here] = []
     try:
-        state = run_master(services.store(), run_id)
+        state = run_master(services.store(), run_id, here=here)
     except TemplateElsewhere as exc:
         if not self.request.retries:
             log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
@@ -186,6 +156,63 @@ def master(self: Task, run_id: int) -> None:
     except NotDue as early:  # a duplicate or early message: wake again when it is due
         raise self.retry(countdown=early.seconds, max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
+    for child in here:
+        child.run()
+
+
+class Here:
+    """A one-child run's child, taken for its master's task by the split (``run_master``'s
+    ``here``) and run there: no message, no dispatcher pass, no chord count of its own; it
+    finishes its run with it (in one transaction where the template has no reduce). Tried
+    again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
+    master's task for it."""
+
+    retries = 0
+
+    def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
+        self.run_id, self.index, self.template, self.claim = run_id, index, template, claim
+        self.finished_run = False
+
+    def run(self) -> None:
+        drain.arm()
+        store = services.store()
+        alone = registry.get(self.template).reduce is None
+        try:
+            if drain.DRAINING.is_set():  # stopping: let another process take it
+                self.retry(0.0)
+            took = run_child(
+                self, self.run_id, self.index, self.template, self.claim.spec, False,
+                taken_ahead=self.claim, finish=self.finish if alone else None,
+            )  # fmt: skip
+        except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
+            return
+        finally:
+            if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
+                drain.leave()
+        if took is not None and not self.finished_run:
+            try:
+                state = finalize_run(store, self.run_id, chord=False)
+                log.info("run %s finalized by its child: %s", self.run_id, state.value)
+            except Exception as exc:  # the child itself succeeded: never fail it for this
+                log.warning(
+                    "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
+                )
+
+    def finish(self, claim: Claim, checkpoint: Any | None, result: str | None) -> None:
+        released = services.store().runs.finish_alone(self.run_id, claim, checkpoint, result)
+        self.finished_run = released is not None
+        if released:
+            start_released(self.run_id, released)
+
+    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        store = services.store()
+        with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
+            store.children.unclaim(self.claim)
+        hand_over(store, self.run_id, self.template, [(self.index, self.claim.spec)], countdown)
+        raise Ignore()
+
+    def ended(self) -> None:
+        pass
 
 
 @dtask_task(SUBMIT, ignore_result=False)
@@ -208,33 +235,6 @@ def submit_run(
                 " a dict of variables (or use .si() to ignore it)"
             )
     return launcher().submit(template, given, key=key).id
-
-
-def _patiently(
-    call: Callable[[], T], patience: float, give_up: Callable[[], bool] = lambda: False
-) -> T:
-    """Retry a write while PostgreSQL is unreachable (a restart), for up to ``patience`` s,
-    or until ``give_up()``."""
-    deadline = time.monotonic() + patience
-    delay = 0.2
-    while True:
-        try:
-            return call()
-        except DatabaseUnavailable:
-            if time.monotonic() + delay > deadline or give_up():
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-
-class Delivery(Protocol):
-    """The message a child came in: how it is tried again later (Celery's retry of a message
-    of its own; a message of its own, in a batch) and ended without a result."""
-
-    @property
-    def retries(self) -> int: ...
-    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn: ...
-    def ended(self) -> None: ...
 
 
 class Single:
@@ -270,105 +270,6 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
             drain.leave()
 
 
-def run_child(
-    delivery: Delivery,
-    run_id: int,
-    index: int,
-    template: str,
-    spec: dict[str, Any],
-    finalize: bool = True,
-    taken_ahead: Claim | None = None,
-) -> float | None:
-    """Claim, run and finish one child, wherever its message came from; with ``finalize``,
-    then finalize its run if it was the last (a batch asks once, after its last child).
-    ``taken_ahead``: the child was claimed with its message's others (it only starts here).
-    The seconds it took from claim to finish, or None where it did not run to its end."""
-    config = services.current().settings
-    began = time.monotonic()
-    try:
-        store = services.store()
-        if drain.DRAINING.is_set():  # stopping: let another process take it
-            _hand_over(store, run_id, index, template, spec)
-            raise Ignore()
-        if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
-            if not delivery.retries:
-                log.warning(
-                    "run %s child %s: this worker does not know template %r; leaving it to"
-                    " another worker", run_id, index, template,
-                )  # fmt: skip
-            delivery.retry(template_backoff(delivery.retries))
-        if links.recently_cut_off(retry_after=config.network_timeout):
-            log.info(
-                "run %s child %s: this worker cannot reach PostgreSQL; handing the child to"
-                " another worker", run_id, index,
-            )  # fmt: skip
-            delivery.retry(config.heartbeat_interval)
-        claimed_at = time.monotonic()  # the lease runs from no earlier than this
-        taken: Claim | Refusal | None = None
-        if taken_ahead is not None:
-            ahead = taken_ahead
-            taken = _patiently(
-                lambda: store.children.start(ahead, config.lease_ttl), config.lease_ttl
-            )
-        if taken is None:
-            taken = _patiently(
-                lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
-                config.lease_ttl,
-            )
-        links.reached()
-        if isinstance(taken, Refusal):
-            _refused(delivery, run_id, index, taken)
-            return None
-        _run_claimed(delivery, store, taken, run_id, index, template, spec, config, claimed_at)
-        took = time.monotonic() - began
-        if finalize:
-            finalize_if_last(store, run_id)
-        return took
-    except LeaseLost as exc:
-        log.warning("run %s child %s: %s", run_id, index, exc)
-        raise Ignore() from None
-    except DatabaseUnavailable as exc:
-        # Nothing can be recorded now. Try again later: the lease runs out and the next
-        # claim resumes from the last committed checkpoint. Not counted by the chord.
-        links.cut_off()
-        log.warning("run %s child %s: %s; retrying in %g s", run_id, index, exc, config.lease_ttl)
-        delivery.retry(config.lease_ttl)
-
-
-def noted(index: int) -> bool:
-    """Whether a child sent alone notes its time: the first few of a run (the dispatcher's
-    first batch size comes from them), then one in ten (its moving average needs no more,
-    and a write per child would cost what batches save)."""
-    return index < 4 or index % 10 == 0
-
-
-def note_time(run_id: int, seconds: float) -> None:
-    """What the dispatcher sizes the run's messages by; a failure only leaves it older."""
-    try:
-        services.store().children.note_time(run_id, seconds)
-    except DtaskError as exc:
-        log.debug("run %s: child time not noted: %s", run_id, exc)
-
-
-def _hand_over(
-    store: LifecycleStore, run_id: int, index: int, template: str, spec: dict[str, Any]
-) -> bool:
-    """Re-send a child this worker let go of, ahead of first-time children; False when its run
-    is no longer active (cancelled): nothing goes on with it."""
-    return hand_over(store, run_id, template, [(index, spec)])
-
-
-def hand_over(
-    store: LifecycleStore, run_id: int, template: str, items: list[tuple[int, dict[str, Any]]]
-) -> bool:
-    """``_hand_over`` for several children of one run, in one publish."""
-    run = store.runs.get(run_id)
-    if run.state in (RunState.SPLITTING, RunState.RUNNING) and run.group_id is not None:
-        publish([Redispatch(run_id, i, s, template, run.group_id, run.queue) for i, s in items])
-        return True
-    return False
-
-
 def _ended_for_flower(task: Task) -> None:
     """An ignored task sends no final event: Flower would show it STARTED for ever. A child
     that ends because its run was cancelled is ``REVOKED`` there (as a revoke would be)."""
@@ -377,203 +278,6 @@ def _ended_for_flower(task: Task) -> None:
             task.send_event("task-revoked", terminated=False, signum=None, expired=False)
     except Exception as exc:  # monitoring only: never fail the child for it
         log.debug("could not send task-revoked: %s", exc)
-
-
-def _run_claimed(
-    delivery: Delivery,
-    store: LifecycleStore,
-    claim: Claim,
-    run_id: int,
-    index: int,
-    template: str,
-    spec: dict[str, Any],
-    config: Settings,
-    claimed_at: float,
-) -> None:
-    tpl = registry.get(template)
-    cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
-    beat = Heartbeat(
-        lambda: store.children.renew_lease(claim, config.lease_ttl),
-        config.heartbeat_interval,
-        name=f"{run_id}.{index}",
-        give_up_at=cap.deadline + config.execution_cap_grace,
-        give_up=lambda: runaway.kill_this_pool_process(
-            cap.killed(config.execution_cap_grace),
-            lambda: store.children.fail_attempt(claim, cap.killed(config.execution_cap_grace)),
-        ),
-        lease=config.lease_ttl,
-        since=claimed_at,
-    )
-
-    def fenced_write(write: Callable[[], None]) -> None:
-        """A write under our fence; it renews the lease when it succeeds. Given up on once
-        the lease has run out: another worker may be running the child by then."""
-        sent_at = time.monotonic()
-        try:
-            _patiently(write, config.lease_ttl, give_up=beat.expired)
-        except LeaseLost:
-            beat.lost.set()
-            raise
-        beat.renewed(sent_at)
-
-    def release_and_hand_over() -> None:
-        with contextlib.suppress(LeaseLost):
-            store.children.release(claim, None)  # keeps the last committed checkpoint
-        _hand_over(store, run_id, index, template, spec)
-
-    drain.running(release_and_hand_over)
-    # sys.stdout is the process's: only a prefork pool process runs one child at a time
-    printed = Tail(sys.stdout) if runaway.in_pool_process() else None
-    try:
-        with beat:
-            ctx = ChildContext(
-                run_id=run_id,
-                index=index,
-                template=template,
-                attempt=claim.attempt,
-                checkpoint_state=claim.checkpoint,
-                writer=lambda state: fenced_write(
-                    lambda: store.children.checkpoint(claim, state, config.lease_ttl)
-                ),
-                checkpoint_interval=tpl.options.checkpoint_interval or config.checkpoint_interval,
-                checkpoint_every=tpl.options.checkpoint_every or config.checkpoint_every,
-                max_checkpoint=config.max_checkpoint,
-                lease_lost=beat.lease_lost,
-                stop_requested=lambda: (
-                    beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
-                ),
-            )
-            with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
-                value = tpl.function(ctx, **claim.spec)
-            if beat.lost.is_set():
-                raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
-            what = f"run {run_id} child {index}"
-            result = encode_result(value, config.max_child_result, what, "DTASK_MAX_CHILD_RESULT")
-            fenced_write(lambda: store.children.finish(claim, ctx.unsaved_checkpoint, result))
-    except (LeaseLost, DatabaseUnavailable) as exc:
-        if beat.expired() and not beat.lost.is_set():
-            moved = _fence_moved(store, claim)
-            if moved is None:
-                links.cut_off()
-            if not moved:
-                raise LeaseLost(_expired(beat, index, exc, cut_off=moved is None)) from None
-        raise
-    except ChildStopped:
-        if cap.exceeded():  # a failed attempt, retried from the checkpoint it just committed
-            failure = ExecutionCapExceeded(cap.message())
-            _attempt_failed(
-                delivery, store, claim, run_id, index, failure, config.retry_delay,
-                printed.text() if printed else None,
-            )  # fmt: skip
-        _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
-        # Always, also after a cancel: a rerun may have made the run active again meanwhile,
-        # and its message for this child was dropped as a duplicate while we held the lease.
-        # _hand_over re-sends only while the run is active.
-        if not _hand_over(store, run_id, index, template, spec):
-            delivery.ended()
-        log.info("run %s child %s stopped at its checkpoint and was released", run_id, index)
-        raise Ignore() from None
-    except Exception as exc:
-        _attempt_failed(
-            delivery, store, claim, run_id, index, exc, config.retry_delay,
-            printed.text() if printed else None,
-        )  # fmt: skip
-    finally:
-        drain.running(None)
-
-
-class _Cap:
-    """An attempt's execution cap, counted from when this worker started the attempt."""
-
-    def __init__(self, seconds: float | None, run_id: int, index: int, attempt: int) -> None:
-        self.seconds = seconds
-        self.deadline = math.inf if seconds is None else time.monotonic() + seconds
-        self._what = f"run {run_id} child {index} attempt {attempt}"
-
-    def exceeded(self) -> bool:
-        return time.monotonic() >= self.deadline
-
-    def message(self) -> str:
-        return f"{self._what} exceeded its execution cap of {self.seconds:g} s"
-
-    def killed(self, grace: float) -> str:
-        return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"
-
-
-def _fence_moved(store: LifecycleStore, claim: Claim) -> bool | None:
-    """For a lease that expired unrenewed: True if another worker took the child, False if it
-    is still ours (this process was paused; the lease is now set to end at once, so the reaper
-    re-sends the child without waiting), None if PostgreSQL does not answer (cut off)."""
-    try:
-        return store.children.renew_lease(claim, 0) is None
-    except DtaskError:
-        return None
-
-
-def _expired(beat: Heartbeat, index: int, exc: Exception, cut_off: bool) -> str:
-    unrenewed = f"no renewal for {beat.unrenewed_for():.1f} s (lease {beat.lease:g} s)"
-    if cut_off:
-        cause = beat.last_error or (str(exc) if isinstance(exc, DatabaseUnavailable) else None)
-        why = f"cut off from PostgreSQL ({cause or 'no answer'}): lease expired, {unrenewed}"
-    else:
-        why = f"lease expired while this process could not renew it (paused?), {unrenewed}"
-    return f"{why}, stopping child {index}; another worker resumes it from its last checkpoint"
-
-
-TRACEBACK_KEPT = 16_000  # characters of a failed attempt's traceback kept (its end)
-
-
-def _traceback(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    return text if len(text) <= TRACEBACK_KEPT else "...\n" + text[-TRACEBACK_KEPT:]
-
-
-def finalize_if_last(store: LifecycleStore, run_id: int) -> None:
-    """The run's last child to finish finalizes it from PostgreSQL's counts, whatever the
-    result backend (a chord callback, where there is one, then finds it done). A failure is
-    left to the chord callback or the reaper."""
-    try:
-        if not store.children.any_unfinished(run_id):
-            state = finalize_run(store, run_id)
-            log.info("run %s finalized by its last child: %s", run_id, state.value)
-    except Exception as exc:  # the child itself succeeded: never fail it for this
-        log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)
-
-
-def _refused(delivery: Delivery, run_id: int, index: int, refusal: Refusal) -> None:
-    if refusal.reason is ClaimRefusal.DONE:
-        return  # same id, state and result as the first report: the chord counts it once
-    if refusal.reason is ClaimRefusal.FAILED:
-        raise ChildFailed(refusal.error or "failed")
-    # BUSY: a duplicate while another owner holds the lease (the reaper re-sends the child
-    # if that owner dies); INACTIVE: the run was cancelled; GONE: the run was deleted.
-    log.info("run %s child %s: not started (%s)", run_id, index, refusal.reason.value)
-    if refusal.reason is not ClaimRefusal.BUSY:  # BUSY: the same task id runs elsewhere
-        delivery.ended()
-    raise Ignore()
-
-
-def _attempt_failed(
-    delivery: Delivery,
-    store: LifecycleStore,
-    claim: Claim,
-    run_id: int,
-    index: int,
-    exc: Exception,
-    delay: float,
-    output: str | None = None,
-) -> None:
-    error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
-    state = store.children.fail_attempt(claim, error, _traceback(exc), output)
-    if state is ChildState.FAILED:
-        log.error("run %s child %s failed for good: %s", run_id, index, error)
-        finalize_if_last(store, run_id)
-        raise ChildFailed(store.children.error(run_id, index) or error) from exc
-    log.warning(
-        "run %s child %s attempt %s/%s failed, retrying from its checkpoint: %s",
-        run_id, index, claim.attempt, claim.max_attempts, error,
-    )  # fmt: skip
-    delivery.retry(delay, exc)
 
 
 @dtask_task(FINALIZE, ignore_result=True)

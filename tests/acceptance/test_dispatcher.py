@@ -185,3 +185,28 @@ def test_a_client_never_runs_more_than_its_max_running(
     print(f"\nat once: capped {most_at_once(capped)}, other {most_at_once(other)}")
     assert most_at_once(capped) <= 2
     assert most_at_once(other) >= 2
+
+
+@pytest.mark.parametrize("broker_env", ["redis"], indirect=True)
+def test_a_one_child_run_runs_in_its_master_unless_the_dispatcher_has_to_decide(
+    window_env: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    """Alone, a one-child run's child runs in its master's task: no message of its own,
+    no dispatcher pass. A client that caps its children running, or a run of two, goes
+    through the dispatcher as before; so does one whose first attempt fails, once more."""
+    cli(window_env, "client", "set", "one-capped", "--max-running", "1")
+
+    def ran_in(*options: str, n: int = 1) -> list[str]:
+        made = cli(window_env, "submit", "task_name", "-v", f"n={n}", "--json", *options)
+        run_id = int(json.loads(made.stdout)["id"])
+        wait_for(lambda: state(run_id) == "succeeded", 120, f"run {run_id}")
+        return json.loads(cli(window_env, "result", str(run_id)).stdout)  # type: ignore[no-any-return]
+
+    assert ran_in() == ["dtask.master"]
+    assert ran_in("--client", "one-capped") == ["dtask.child"]
+    assert ran_in(n=2) == ["dtask.child", "dtask.child"]
+    flaky = cli(window_env, "submit", "flaky_range", "-v", "n=5", "-v", "fail_at=3", "--json")
+    run_id = int(json.loads(flaky.stdout)["id"])
+    wait_for(lambda: state(run_id) == "succeeded", 120, f"run {run_id}")
+    attempts = query("SELECT attempt FROM dtask_children WHERE run_id = :r", r=run_id)
+    assert attempts == [(2,)]

@@ -86,6 +86,34 @@ def test_a_stopping_worker_hands_running_children_over_and_exits_at_once(
     assert "stopped at its checkpoint and was released" in leaving.output()
 
 
+def test_a_stopping_worker_hands_over_a_one_child_run_its_master_runs(
+    start_worker: object, sink: Path
+) -> None:
+    """The child of a run of one runs in its master's task (docs/scheduling.md); a drain hands
+    it over from its checkpoint like any other, and its master's message is not run again."""
+    leaving = start_worker()  # type: ignore[operator]
+    run = dtask.submit("slow_range", {"n": 20, "delay": 0.5})  # 1 child of 10 s
+    wait_for(lambda: (child_row(run.id, 0).checkpoint or {}).get("done", 0) >= 5,
+             30, "the child to checkpoint")  # fmt: skip
+    staying = start_worker()  # type: ignore[operator]
+    leaving.proc.send_signal(signal.SIGTERM)
+    assert leaving.proc.wait(15) == 0
+    wait_for(
+        lambda: (
+            (row := child_row(run.id, 0)).state == "running"
+            and row.owner is not None
+            and os.getpgid(owner_pid(row.owner)) == staying.proc.pid
+        ),
+        10,
+        "the child to resume on the other worker",
+    )
+    status = run.wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    seen = numbers(sink, run.id, 0)
+    assert sorted(seen) == list(range(1, 21))  # handed over at an exact checkpoint
+    assert child_row(run.id, 0).attempt == 1
+
+
 def test_a_child_that_ignores_the_drain_is_released_when_the_grace_period_ends(
     start_worker: object, sink: Path
 ) -> None:

@@ -20,7 +20,8 @@ from dtask.domain.runs import ClaimRefusal, RunState
 from dtask.domain.templates import Template, registry
 from dtask.worker import configure
 from dtask.worker.app import app
-from dtask.worker.tasks import _run_claimed, child
+from dtask.worker.lifecycle import _run_claimed
+from dtask.worker.tasks import child
 from tests.support.db import child_row, wait_for
 
 TEMPLATE = "cancelled_then_rerun_while_running"

@@ -10,11 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dtask import services
-from dtask.db import Claim, Store
+from dtask.db import Claim, Refusal, Store
 from dtask.db.database import sql
 from dtask.db.dispatch import Out
-from dtask.domain.clients import Client
-from dtask.domain.runs import RunState
+from dtask.db.run_here import TakeHere
+from dtask.domain.clients import HIGHEST_PRIORITY, LOWEST_PRIORITY, Client
+from dtask.domain.runs import ClaimRefusal, RunState
+from dtask.exceptions import LeaseLost
 
 
 @pytest.fixture
@@ -135,3 +137,53 @@ def test_what_is_out_is_counted_per_queue_and_client(store: Store) -> None:
         assert clients[client] == 6
         queues, clients = turn.out(lambda queue, template: queue != "qb")
         assert "qb" not in queues and client not in clients
+
+
+def split_here(
+    store: Store, client: str, queue: str | None, priority: int, children: int = 1
+) -> tuple[int, RunState, TakeHere]:
+    run_id, _ = store.runs.create(
+        "t", f"test:{uuid.uuid4()}", {}, 2, queue, client=client, priority=priority
+    )
+    here = TakeHere("me:1", 30)
+    plan = [{"i": i} for i in range(children)]
+    state = store.runs.split(run_id, lambda run: plan, deferred=True, here=here)
+    return run_id, state, here
+
+
+def test_a_one_child_run_nothing_competes_with_is_taken_by_its_master(store: Store) -> None:
+    client = new_client(store)
+    run_id, state, here = split_here(store, client, None, HIGHEST_PRIORITY)
+    assert state is RunState.RUNNING
+    [(index, claim)] = here.taken
+    assert (index, claim.spec, claim.attempt, claim.fence) == (0, {"i": 0}, 0, 1)
+    assert store.runs.status(run_id).state is RunState.RUNNING
+    with store.dispatch.turn() as turn:  # the dispatcher never sends it
+        assert turn is not None
+        assert run_id not in {d.run_id for ds in turn.demands().values() for d in ds}
+    refused = store.children.claim(run_id, 0, "other:2", 30)  # a stray copy: it is ours
+    assert refused == Refusal(ClaimRefusal.BUSY)
+    started = store.children.start(claim, 30)
+    assert started is not None and started.attempt == 1
+    assert store.runs.finish_alone(run_id, started, None, '"done"') == []
+    status = store.runs.status(run_id)
+    assert status.state is RunState.SUCCEEDED
+    with pytest.raises(LeaseLost):  # once finished, the fence writes nothing more
+        store.runs.finish_alone(run_id, started, None, None)
+
+
+def test_the_dispatcher_decides_where_a_one_child_run_competes(store: Store) -> None:
+    """A tier's queue, a client that caps its children running, a run of higher priority
+    waiting in the default queue, a run of two: each is split for the dispatcher."""
+    plain, capped = new_client(store), new_client(store)
+    store.clients.save(Client(capped, max_running=3))
+    waiting_run(store, plain, None, priority=HIGHEST_PRIORITY)
+    for client, queue, priority, children in (
+        (plain, "gpu", LOWEST_PRIORITY, 1),
+        (capped, None, HIGHEST_PRIORITY, 1),
+        (plain, None, HIGHEST_PRIORITY - 1, 1),
+        (plain, None, HIGHEST_PRIORITY, 2),
+    ):
+        run_id, state, here = split_here(store, client, queue, priority, children)
+        assert (state, here.taken) == (RunState.SPLITTING, []), (client, queue, priority)
+        assert store.runs.status(run_id).state is RunState.SPLITTING

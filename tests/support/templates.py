@@ -373,3 +373,17 @@ def tiny(ctx: dtask.ChildContext, i: int, fail_every: int) -> int:
     with (Path(os.environ["DTASK_TEST_SINK"]) / f"{ctx.run_id}.tiny").open("a") as out:
         out.write(f"{i} {os.getpid()}\n")
     return i
+
+
+@dtask.template(
+    "task_name",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", chunk=1),
+    reduce=lambda results: results,
+)
+def task_name(ctx: dtask.ChildContext, a: int, b: int) -> str:
+    """The Celery task this child ran in: ``dtask.master`` where its master ran it."""
+    from celery import current_task
+
+    return str(current_task.name)

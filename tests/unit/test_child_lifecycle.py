@@ -1,4 +1,4 @@
-"""Every branch of a claimed child's lifecycle (dtask/worker/tasks.py ``_run_claimed``) against
+"""Every branch of a claimed child's lifecycle (dtask/worker/lifecycle.py ``_run_claimed``) against
 a fake store with the real store's fence rules: no PostgreSQL, no broker, milliseconds.
 
 The real-process versions of these paths are in tests/acceptance (faults, drain, cap)."""
@@ -19,7 +19,8 @@ from dtask.domain.runs import ChildState, RunState
 from dtask.domain.templates import Template, TemplateOptions, registry
 from dtask.exceptions import ChildFailed, LeaseLost
 from dtask.settings import Settings
-from dtask.worker.tasks import Single, _run_claimed, finalize_if_last
+from dtask.worker.lifecycle import _run_claimed, finalize_if_last
+from dtask.worker.tasks import Single
 
 CONFIG = Settings(lease_ttl=1.0, heartbeat_interval=0.1, retry_delay=0.0, execution_cap_grace=60)
 
@@ -106,6 +107,7 @@ class FakeRuns:
         reduce: Any = None,
         released: Any = None,
         ended: Any = None,
+        reduces: Any = None,
     ) -> RunState:
         self.finalized.append(run_id)
         return RunState.SUCCEEDED

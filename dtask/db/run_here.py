@@ -1,0 +1,118 @@
+"""A run of one child that nothing competes with, run by its master's task (the worker's
+``Here``): its child is taken in the split's transaction, and finished with its run in one.
+What that saves over a child message is docs/benchmarks.md's "many small runs"."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection
+
+from dtask.db import deps
+from dtask.db.children import FINISH, Claim, json_or_none, lease_lost
+from dtask.db.database import sql
+from dtask.domain.runs import RunState
+from dtask.domain.tiers import DEFAULT_QUEUE
+from dtask.exceptions import LeaseLost
+
+
+@dataclass
+class TakeHere:
+    """A master's offer to run its run's child itself, under ``owner``'s lease; ``taken`` gets
+    the child's index and claim when ``take`` took it."""
+
+    owner: str
+    lease_ttl: float
+    taken: list[tuple[int, Claim]] = field(default_factory=list)
+
+
+def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: TakeHere) -> bool:
+    """pending -> running for a run of one child that would leave at once, its child inserted
+    as taken by ``here.owner`` (its fence moved, its attempt counted when it starts, as
+    ``ChildStore.claim_many`` leaves a child of a message): the dispatcher has nothing to weigh
+    it against. Not when it goes to a tier's queue (other workers consume it), its client caps
+    its children running (the dispatcher counts them) or a run of higher priority waits in the
+    default queue for the window; then it is split as any other. Among equals the masters'
+    order decides, as the dispatcher's lane for a small run's first child would."""
+    run = conn.execute(
+        sql(
+            "UPDATE dtask_runs r SET state = 'running', child_total = 1, unsent = 0,"
+            " chord_size = 1, dispatches = dispatches + 1,"
+            " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+            " started_at = coalesce(started_at, now()), updated_at = now()"
+            " WHERE id = :id AND state = 'pending' AND coalesce(queue, :q) = :q"
+            " AND NOT EXISTS (SELECT FROM dtask_clients c"
+            "   WHERE c.name = r.client AND c.max_running IS NOT NULL)"
+            " AND NOT EXISTS (SELECT FROM dtask_runs o"
+            "   WHERE o.unsent > 0 AND o.state = 'running' AND coalesce(o.queue, :q) = :q"
+            "   AND o.priority > r.priority)"
+            " RETURNING execution_cap"
+        ),
+        {"id": run_id, "q": DEFAULT_QUEUE},
+    ).first()
+    if run is None:
+        return False
+    text = spec if isinstance(spec, str) else json.dumps(spec)
+    child = conn.execute(
+        sql(
+            "INSERT INTO dtask_children (run_id, index, spec, max_attempts, state, fence,"
+            " owner, lease_expires_at)"
+            " VALUES (:run, 0, CAST(:spec AS jsonb), :max, 'running', 1, :owner,"
+            " now() + make_interval(secs => :ttl))"
+            " RETURNING id, fence, attempt, max_attempts, spec"
+        ),
+        {
+            "run": run_id,
+            "spec": text,
+            "max": max_attempts,
+            "owner": here.owner,
+            "ttl": here.lease_ttl,
+        },
+    ).one()
+    claim = Claim(
+        child.id,
+        child.fence,
+        child.attempt,
+        child.max_attempts,
+        child.spec,
+        None,
+        run.execution_cap,
+    )
+    here.taken.append((0, claim))
+    return True
+
+
+def finish(
+    conn: Connection, run_id: int, claim: Claim, checkpoint: Any | None, result: str | None
+) -> list[int] | None:
+    """The child succeeded under our fence (LeaseLost if it is no longer ours), and with it
+    the run: the dependents that released (their masters are the caller's to send), or None
+    where the run did not move (it was cancelled meanwhile)."""
+    child = conn.execute(
+        sql(
+            f"UPDATE dtask_children SET {FINISH}, updated_at = now()"
+            " WHERE id = :id AND fence = :fence AND state = 'running'"
+        ),
+        {
+            "id": claim.child_id,
+            "fence": claim.fence,
+            "cp": json_or_none(checkpoint),
+            "result": result,
+        },
+    )
+    if child.rowcount != 1:
+        raise LeaseLost(lease_lost(claim))
+    run = conn.execute(
+        sql(
+            "UPDATE dtask_runs SET state = 'succeeded', error = NULL, finished_at = now(),"
+            " result = NULL, updated_at = now() WHERE id = :id AND state = 'running'"
+            " AND NOT EXISTS (SELECT FROM dtask_children WHERE run_id = :id"
+            "   AND state <> 'succeeded')"
+        ),
+        {"id": run_id},
+    )
+    if run.rowcount != 1:
+        return None
+    return deps.settle(conn, run_id, RunState.SUCCEEDED)
