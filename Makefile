@@ -51,7 +51,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: ~15 minutes. bench.peers: dtask, stock Celery, Dramatiq and
+# Not part of `make test`: ~10 minutes. bench.peers: dtask, stock Celery, Dramatiq and
 # Procrastinate side by side (10,000 and 100,000 children); 3,000 small runs; latency while a
 # 100,000-child run is busy; then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
@@ -61,7 +61,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.busy_latency
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
-# Not part of `make bench` (~35 minutes): 100,000 then 1,000,000 children in one cluster
+# Not part of `make bench` (~20 minutes): 100,000 then 1,000,000 children in one cluster
 # (peak RSS, Redis memory), the peers with RabbitMQ as the broker (needs RabbitMQ at
 # 127.0.0.1:5672, guest/guest: the benchmark makes its own vhost) and 10,000 small runs; then
 # docs/benchmarks.md is rendered again with them (bench/out/million.json, peers-amqp.md,

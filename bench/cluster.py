@@ -3,7 +3,9 @@ dtask or raw Celery workers as subprocesses with the same flags and concurrency.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,8 +19,12 @@ WORKER_FLAGS = ("--without-mingle", "--without-gossip", "--loglevel", "INFO")
 
 
 def prepare_environment(**extra: str) -> Path:
-    """A fresh DTASK_HOME in a temp dir; must run before dtask is imported."""
+    """A fresh DTASK_HOME in a temp dir; must run before dtask is imported. The dir (its
+    database, a few hundred MB after a large run, and the workers' logs) is removed when the
+    benchmark exits, unless DTASK_BENCH_KEEP=1."""
     work = Path(tempfile.mkdtemp(prefix="dtask-bench-"))
+    if os.environ.get("DTASK_BENCH_KEEP") != "1":
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     (work / "sink").mkdir()
     for name in [n for n in os.environ if n.startswith("DTASK_")]:
         del os.environ[name]

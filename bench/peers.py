@@ -59,9 +59,13 @@ def client(module: str, n: int) -> float:
     return float(measured["seconds"])
 
 
-def one(system: str, n: int, engine: Any, roles: dict[int, str]) -> tuple[float, float]:
+def one(
+    system: str, n: int, engine: Any, roles: dict[int, str], by_role: dict[str, float] | None = None
+) -> tuple[float, float]:
     """(seconds, CPU seconds of every process of the cluster: workers, their pools, Redis,
-    PostgreSQL, the submitting client) for one run of N children."""
+    PostgreSQL, the submitting client) for one run of N children; ``by_role`` gets the CPU
+    seconds per role ("dtask main", "dtask pool", "postgres", "bench" for this process and
+    its clients...)."""
     from bench import measure
 
     before, clients = cluster_cpu(roles), _children_cpu()
@@ -72,32 +76,41 @@ def one(system: str, n: int, engine: Any, roles: dict[int, str]) -> tuple[float,
     else:
         took = client(f"bench.{system}_client", n)
     after = cluster_cpu(roles)
-    used = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-    return took, used + _children_cpu() - clients
+    spent = _children_cpu() - clients
+    for pid, (role, cpu) in after.items():
+        used = cpu - before.get(pid, (role, 0.0))[1]
+        spent += used
+        if by_role is not None:
+            by_role[role] = by_role.get(role, 0.0) + used
+    if by_role is not None:
+        by_role["bench"] = by_role.get("bench", 0.0) + _children_cpu() - clients
+    return took, spent
 
 
-def cluster_cpu(roots: dict[int, str]) -> dict[int, float]:
-    """pid -> CPU seconds of this process and of every process under ``roots`` (the workers,
-    the embedded PostgreSQL and Redis): nothing else on the machine is counted."""
+def cluster_cpu(roots: dict[int, str]) -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds) of this process and of every process under ``roots`` (the
+    workers, the embedded PostgreSQL and Redis): nothing else on the machine is counted. A
+    worker's own process is "<role> main", the processes under it "<role> pool"."""
     import psutil
 
-    found = {os.getpid(): psutil.Process()}
-    for pid in roots:
+    found = {os.getpid(): ("bench", psutil.Process())}
+    for pid, role in roots.items():
         try:
             root = psutil.Process(pid)
-            found[pid] = root
-            found.update((p.pid, p) for p in root.children(recursive=True))
+            under = root.children(recursive=True)
         except psutil.NoSuchProcess:
             continue
+        worker = role not in ("postgres", "redis")
+        found[pid] = (f"{role} main" if worker else role, root)
+        found.update((p.pid, (f"{role} pool" if worker else role, p)) for p in under)
     out = {}
-    for pid, proc in found.items():
+    for pid, (role, proc) in found.items():
         try:
             t = proc.cpu_times()
         except psutil.NoSuchProcess:
             continue
-        out[pid] = (
-            t.user + t.system + (t.children_user + t.children_system if pid != os.getpid() else 0)
-        )
+        own = t.user + t.system
+        out[pid] = (role, own + (t.children_user + t.children_system if pid != os.getpid() else 0))
     return out
 
 
@@ -128,6 +141,12 @@ def main() -> int:
         "--big-systems",
         default="dtask,celery,dramatiq",
         help="the systems that run at the big sizes (Procrastinate's 100k takes minutes)",
+    )
+    parser.add_argument(
+        "--once-systems",
+        default="procrastinate",
+        help="the systems that run once at every size, not --repeats times (Procrastinate's"
+        " 10k takes 25-60 s here: one run places it, three would cost make bench minutes)",
     )
     parser.add_argument("--broker", choices=("redis", "amqp"), default="redis")
     parser.add_argument("--amqp-url", default=AMQP_URL)
@@ -165,7 +184,9 @@ def main() -> int:
     workers = Workers(work)
     seconds: dict[tuple[str, int], list[float]] = {}
     cpu: dict[tuple[str, int], list[float]] = {}
+    roles_cpu: dict[tuple[str, int], list[dict[str, float]]] = {}
     big_systems = set(args.big_systems.split(","))
+    once_systems = set(args.once_systems.split(","))
     try:
         roles = start_workers(workers, systems, resolved.database_url)
         roles.update(services_pids(resolved.settings.home))
@@ -177,12 +198,21 @@ def main() -> int:
             for rep in range(1 if big else args.repeats):
                 turn = rep % len(chosen)
                 for system in chosen[turn:] + chosen[:turn]:
-                    took, used = one(system, n, engine, roles)
+                    if rep and system in once_systems:
+                        continue
+                    by_role: dict[str, float] = {}
+                    took, used = one(system, n, engine, roles, by_role)
                     seconds.setdefault((system, n), []).append(took)
                     cpu.setdefault((system, n), []).append(used)
+                    roles_cpu.setdefault((system, n), []).append(by_role)
+                    shares = ", ".join(
+                        f"{role} {value / n * 1000:.2f}"
+                        for role, value in sorted(by_role.items(), key=lambda kv: -kv[1])
+                        if value / n * 1000 >= 0.01
+                    )
                     print(
                         f"{system} N={n:,}: {took:.1f} s ({n / took:,.0f}/s),"
-                        f" {used / n * 1000:.2f} ms CPU per child",
+                        f" {used / n * 1000:.2f} ms CPU per child ({shares})",
                         flush=True,
                     )
     finally:
@@ -194,7 +224,14 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     out.write_text(table + "\n")
     measured = [
-        {"system": s, "n": n, "seconds": seconds[(s, n)], "cpu": cpu[(s, n)]} for s, n in seconds
+        {
+            "system": s,
+            "n": n,
+            "seconds": seconds[(s, n)],
+            "cpu": cpu[(s, n)],
+            "cpu_by_role": roles_cpu[(s, n)],
+        }
+        for s, n in seconds
     ]
     out.with_suffix(".json").write_text(
         json.dumps(
@@ -203,6 +240,7 @@ def main() -> int:
                 "runs": measured,
                 "big": args.big,
                 "repeats": args.repeats,
+                "once": sorted(once_systems & set(systems)),
                 "seconds": time.monotonic() - began,
             }
         )

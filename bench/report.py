@@ -208,8 +208,9 @@ def write(results: dict[str, Any]) -> None:
         " `finished_at`; stock Celery: `chord(...)(done.s())` until the callback's result;"
         " Dramatiq: `group(...).add_completion_callback`; Procrastinate, which has no fan-in:"
         " `batch_defer` of N jobs until the last succeeded). Sizes below"
-        f" {peers.get('big', 100_000):,} run {peers.get('repeats', 3)} times each, larger ones"
-        " once (Celery, Dramatiq and dtask; Procrastinate at the smaller sizes only).",
+        f" {peers.get('big', 100_000):,} run {peers.get('repeats', 3)} times each"
+        f"{_once(peers)}, larger ones once (Celery, Dramatiq and dtask; Procrastinate at the"
+        " smaller sizes only).",
         "",
         *parts.peers_section("peers.md", "Not run (`python -m bench.peers`)."),
         f"![fan-out](benchmarks/{images[0]})",
@@ -278,6 +279,11 @@ def write(results: dict[str, Any]) -> None:
     if NOTES.exists():
         lines += [NOTES.read_text().rstrip(), ""]
     DOC.write_text("\n".join(lines))
+
+
+def _once(peers: dict[str, Any]) -> str:
+    once = [NAMES.get(s, s) for s in peers.get("once", [])]
+    return f" ({' and '.join(once)} once: one run places it)" if once else ""
 
 
 def main() -> int:

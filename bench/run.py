@@ -3,7 +3,7 @@ per child against stock Celery, latency on an idle cluster, a profile, failover/
 scale curve. Writes bench/out/results.json, then docs/benchmarks.md and its plots from
 everything in bench/out/.
 
-    make bench                                    # the whole thing, ~15 min here
+    make bench                                    # the whole thing, ~10 min here
     python -m bench.run --quick                   # tiny sizes, to try the harness
     python -m bench.run --fanout-only --sizes 100000 --raw-big   # raw Celery vs dtask pairs
 """
