@@ -243,7 +243,7 @@ def submit(
     if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
             shown = f"{tpl.name} run {run_id} key {trigger}"
-            send_master(run_id, countdown=run.starts_in, shown=shown)
+            send_master(run_id, countdown=run.starts_in, shown=shown, priority=run.priority)
         except BrokerUnavailable as exc:
             if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None

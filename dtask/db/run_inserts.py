@@ -70,7 +70,7 @@ _INSERT = (
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
     " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END"
     " WHERE {guard}"
-    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id, state,"
+    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
 )
 _INSERT_ALWAYS = sql(_INSERT.format(guard="true"))
@@ -91,12 +91,13 @@ _INSERT_UNLIMITED = sql(
 @dataclass(frozen=True)
 class Created:
     """A submit's run: its id, whether this submit created it (else its key existed), its
-    state and the seconds until it may split (a countdown or eta)."""
+    state, the seconds until it may split (a countdown or eta) and its priority."""
 
     id: int
     created: bool
     state: RunState
     starts_in: float
+    priority: int = DEFAULT_PRIORITY
 
 
 def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
@@ -126,7 +127,7 @@ def _insert(conn: Connection, run: NewRun) -> Created | None:
     if row is None:
         return None
     deps.insert(conn, int(row.id), run.after)
-    return Created(int(row.id), True, RunState(row.state), float(row.starts_in))
+    return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
 
 
 class RunInserts(RunReads):
@@ -242,7 +243,13 @@ class RunInserts(RunReads):
                 f"key {key!r} already triggered run {existing.id} with another"
                 f" {' and '.join(differs)}; use another key for another run"
             )
-        return Created(int(existing.id), False, RunState(existing.state), float(existing.starts_in))
+        return Created(
+            int(existing.id),
+            False,
+            RunState(existing.state),
+            float(existing.starts_in),
+            existing.priority,
+        )
 
     def _insert_unlimited(self, run: NewRun, client: Client) -> Created | None:
         """The submit of a new key for a client without rate limits, as one statement on an
@@ -267,7 +274,7 @@ class RunInserts(RunReads):
         if row is None:
             self._unlimited.pop(client.name, None)  # read it again, in case it changed
             return None
-        return Created(int(row.id), True, RunState(row.state), float(row.starts_in))
+        return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
 
     def _remember(self, client: Client, present: bool) -> None:
         unlimited = client.rate is None and client.child_rate is None
@@ -282,7 +289,7 @@ class RunInserts(RunReads):
     def _by_key(conn: Connection, key: str) -> Row[Any] | None:
         return conn.execute(
             sql(
-                "SELECT id, template, variables, state,"
+                "SELECT id, template, variables, state, priority,"
                 " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
                 " FROM dtask_runs WHERE trigger_key = :key"
             ),

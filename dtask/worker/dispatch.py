@@ -39,12 +39,18 @@ def submit_signature(
 
 
 def send_master(
-    run_id: int, through: Any = None, countdown: float = 0.0, shown: str | None = None
+    run_id: int,
+    through: Any = None,
+    countdown: float = 0.0,
+    shown: str | None = None,
+    priority: int | None = None,
 ) -> None:
     """Wake a master for the run (a duplicate is harmless: the run's lock and state decide),
     after ``countdown`` seconds. Through ``through`` if given, else a producer from the
     app's pool. ``shown`` is what Flower and the logs show as its arguments (its template
-    and trigger), where the caller knows them."""
+    and trigger), where the caller knows them. With the run's ``priority`` its message goes
+    at that priority's level on Redis (a run of one child often runs in its master), else at
+    ``MASTERS``."""
     app = configure()
     send = partial(
         app.send_task,
@@ -55,7 +61,7 @@ def send_master(
         argsrepr=shown or f"run {run_id}",
         retry=True,
         ignore_result=True,
-        **_priority(MASTERS),
+        **_priority(MASTERS if priority is None else broker_priority(priority, 1)),
     )
     try:
         try:  # the message and its task-sent event in one round trip (on Redis, a pipeline)
@@ -110,7 +116,20 @@ def send_chord(run: RunRecord, children: list[tuple[int, dict[str, Any]]]) -> No
 RESEND, SMALL_RUN, LARGE_RUN = 0, 3, 6
 # Masters beside small runs' children, not ahead of every child: in a burst of 10,000
 # one-child runs, masters at 0 ran all before any child (and their backlog looked stuck).
+# A submit sends its run's master at its priority's level instead (``broker_priority``).
 MASTERS = SMALL_RUN
+
+
+def broker_priority(priority: int, children: int) -> int:
+    """Redis priority (0 first; kombu keeps the levels 0, 3, 6, 9) of a dispatched child, and
+    of a submitted run's master (as a run of one child's):
+    re-sent children stay at 0; within the window a high-priority run's children overtake
+    the others already sent, and a small run's children (``children`` in all) go one level
+    ahead of its priority's, so a short job never waits behind a large one's queued messages
+    (at its priority's level a one-child run waited behind two 54-child messages: 306 ms p50).
+    RabbitMQ's queue stays FIFO: there the small window alone bounds the wait."""
+    level = 3 if priority >= 7 else 6 if priority >= 3 else 9
+    return level - 3 if children <= SMALL_RUN_CHILDREN else level
 
 
 def _priority(value: int) -> dict[str, int]:

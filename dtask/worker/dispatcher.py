@@ -22,30 +22,18 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.domain.dispatch import (
-    SMALL_RUN_CHILDREN,
     Passes,
     batch_size,
     plan_with_newcomers,
     window,
 )
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import publish
+from dtask.worker.dispatch import broker_priority, publish
 from dtask.worker.loop import Loop
 from dtask.worker.reaper import Sender
 from dtask.worker.registry import runs_here
 
 log = logging.getLogger("dtask.worker")
-
-
-def broker_priority(priority: int, children: int) -> int:
-    """Redis priority (0 first; kombu keeps the levels 0, 3, 6, 9) of a dispatched child:
-    re-sent children stay at 0; within the window a high-priority run's children overtake
-    the others already sent, and a small run's children (``children`` in all) go one level
-    ahead of its priority's, so a short job never waits behind a large one's queued messages
-    (at its priority's level a one-child run waited behind two 54-child messages: 306 ms p50).
-    RabbitMQ's queue stays FIFO: there the small window alone bounds the wait."""
-    level = 3 if priority >= 7 else 6 if priority >= 3 else 9
-    return level - 3 if children <= SMALL_RUN_CHILDREN else level
 
 
 IDLE_GAP = 2.0  # seconds between passes with work waiting: longer is an idle queue

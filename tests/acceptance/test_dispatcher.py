@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -210,3 +211,48 @@ def test_a_one_child_run_runs_in_its_master_unless_the_dispatcher_has_to_decide(
     wait_for(lambda: state(run_id) == "succeeded", 120, f"run {run_id}")
     attempts = query("SELECT attempt FROM dtask_children WHERE run_id = :r", r=run_id)
     assert attempts == [(2,)]
+
+
+BURST = """
+import json, sys
+import dtask
+burst = [dtask.submit("slow_range", {"n": 1, "delay": 0.05}).id for _ in range(200)]
+urgent = dtask.submit("slow_range", {"n": 1, "delay": 0.05}, priority=9).id
+print(json.dumps({"burst": burst, "urgent": urgent}))
+"""
+
+
+@pytest.mark.parametrize("broker_env", ["redis"], indirect=True)
+def test_a_high_priority_one_child_run_overtakes_a_burst_of_them(
+    window_env: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    """One-child runs run in their masters, so the masters' broker order is theirs: on Redis a
+    run's master goes at its priority's level, and a priority-9 run submitted after 200
+    default ones does not wait for them all."""
+    made = subprocess.run(
+        [sys.executable, "-c", BURST], env=window_env, cwd=REPO, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    ids = json.loads(made.stdout)
+    burst, urgent = ids["burst"], ids["urgent"]
+
+    def succeeded() -> int:
+        return int(
+            query(
+                "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND state = 'succeeded'",
+                ids=[*burst, urgent],
+            )[0][0]
+        )
+
+    wait_for(lambda: succeeded() == len(burst) + 1, 120, "the runs")
+    urgent_done = query("SELECT finished_at FROM dtask_runs WHERE id = :r", r=urgent)[0][0]
+    later = int(
+        query(
+            "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND finished_at > :t",
+            ids=burst,
+            t=urgent_done,
+        )[0][0]
+    )
+    print(f"\n{later} of {len(burst)} default-priority runs finished after the priority-9 one")
+    assert later >= len(burst) // 3, later
