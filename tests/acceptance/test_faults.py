@@ -204,30 +204,19 @@ def test_1_sigkill_a_whole_worker_mid_child(cluster: Cluster) -> None:
         assert_resumed(cluster, run_id, index, index * 20 + 1, index * 20 + 20, done[index])
 
 
-def test_2_sigkill_only_the_pool_process_running_a_child(cluster: Cluster) -> None:
-    run_id = cluster.submit("slow_range", n=40, delay=0.1)
+@pytest.mark.parametrize("children", [2, 1])
+def test_2_sigkill_only_the_pool_process_running_a_child(cluster: Cluster, children: int) -> None:
+    """With one child, the run's master runs it in its own task (docs/scheduling.md): killed
+    there, it resumes elsewhere from its checkpoint like any child (its lease expires)."""
+    run_id = cluster.submit("slow_range", n=20 * children, delay=0.1)
     pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 30, "child 0 to checkpoint")
     done = checkpointed(run_id)
     os.kill(pid, signal.SIGKILL)
     status = dtask.get_run(run_id).wait(timeout=60)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
     assert child_row(run_id, 0).attempt == 2
-    for index in range(2):
+    for index in range(children):
         assert_resumed(cluster, run_id, index, index * 20 + 1, index * 20 + 20, done[index])
-    assert all(w.proc.poll() is None for w in cluster.workers), "the workers themselves survive"
-
-
-def test_2b_sigkill_the_master_running_a_one_child_run_s_child(cluster: Cluster) -> None:
-    """A run of one child runs it in its master's task (docs/scheduling.md): killed there, it
-    resumes elsewhere from its checkpoint like any child (its lease expires)."""
-    run_id = cluster.submit("slow_range", n=20, delay=0.1)
-    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 30, "child 0 to checkpoint")
-    done = checkpointed(run_id)
-    os.kill(pid, signal.SIGKILL)
-    status = dtask.get_run(run_id).wait(timeout=60)
-    assert status.state is dtask.RunState.SUCCEEDED, status.error
-    assert child_row(run_id, 0).attempt == 2
-    assert_resumed(cluster, run_id, 0, 1, 20, done[0])
     assert all(w.proc.poll() is None for w in cluster.workers), "the workers themselves survive"
 
 
