@@ -17,6 +17,15 @@ from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
 from dtask.exceptions import LeaseLost
 
+NEXT_GROUP = "dispatches = dispatches + 1, group_id = 'dtask-' || id || '-' || (dispatches + 1)"
+"""A run's next chord: its group id names the run and the dispatch (the callback's key)."""
+
+SPLIT = (
+    "state = :state, child_total = :total, unsent = :unsent, chord_size = :total,"
+    f" {NEXT_GROUP}, started_at = coalesce(started_at, now()), updated_at = now()"
+)
+"""A pending run split into ``:total`` children, ``:unsent`` of them left to the dispatcher."""
+
 
 @dataclass
 class TakeHere:
@@ -38,10 +47,7 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
     order decides, as the dispatcher's lane for a small run's first child would."""
     run = conn.execute(
         sql(
-            "UPDATE dtask_runs r SET state = 'running', child_total = 1, unsent = 0,"
-            " chord_size = 1, dispatches = dispatches + 1,"
-            " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
-            " started_at = coalesce(started_at, now()), updated_at = now()"
+            f"UPDATE dtask_runs r SET {SPLIT}"
             " WHERE id = :id AND state = 'pending' AND coalesce(queue, :q) = :q"
             " AND NOT EXISTS (SELECT FROM dtask_clients c"
             "   WHERE c.name = r.client AND c.max_running IS NOT NULL)"
@@ -50,7 +56,7 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
             "   AND o.priority > r.priority)"
             " RETURNING execution_cap"
         ),
-        {"id": run_id, "q": DEFAULT_QUEUE},
+        {"id": run_id, "q": DEFAULT_QUEUE, "state": "running", "total": 1, "unsent": 0},
     ).first()
     if run is None:
         return False

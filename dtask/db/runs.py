@@ -123,15 +123,13 @@ class RunStore(RunInserts):
                     return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
             conn.execute(
-                sql(
-                    "UPDATE dtask_runs SET state = 'splitting', child_total = :total,"
-                    " unsent = CASE WHEN :deferred THEN :total ELSE 0 END,"
-                    " chord_size = :total, dispatches = dispatches + 1,"
-                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
-                    " started_at = coalesce(started_at, now()), updated_at = now()"
-                    " WHERE id = :id AND state = 'pending'"
-                ),
-                {"id": run_id, "total": len(specs), "deferred": deferred},
+                sql(f"UPDATE dtask_runs SET {run_here.SPLIT} WHERE id = :id AND state = 'pending'"),
+                {
+                    "id": run_id,
+                    "state": RunState.SPLITTING.value,
+                    "total": len(specs),
+                    "unsent": len(specs) if deferred else 0,
+                },
             )
             return RunState.SPLITTING
 
@@ -283,8 +281,7 @@ class RunStore(RunInserts):
             conn.execute(
                 sql(
                     "UPDATE dtask_runs SET state = 'splitting', error = NULL, finished_at = NULL,"
-                    " dispatches = dispatches + 1,"
-                    " group_id = 'dtask-' || id || '-' || (dispatches + 1),"
+                    f" {run_here.NEXT_GROUP},"
                     " chord_size = (SELECT count(*) FROM dtask_children"
                     "   WHERE run_id = :id AND state <> 'succeeded'),"
                     " updated_at = now() WHERE id = :id"

@@ -21,12 +21,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
-from dtask.domain.dispatch import (
-    Passes,
-    batch_size,
-    plan_with_newcomers,
-    window,
-)
+from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, window
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import broker_priority, publish
 from dtask.worker.loop import Loop
