@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -173,10 +175,17 @@ def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
     from dtask.client.runs import Run
     from dtask.progress import Progress
 
+    def stop_waiting(signum: int, frame: object) -> None:
+        # Waiting only reads, so leave at once: a KeyboardInterrupt has to unwind through
+        # the driver and its pool, and once, under load, a wait went on after it.
+        print(_goes_on(run_id), file=sys.stderr, flush=True)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop_waiting)
     try:
         return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
-    except KeyboardInterrupt:
-        _interrupted(run_id)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -225,12 +234,15 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 def _interrupted(run_id: int) -> NoReturn:
     """Ctrl-C while a run goes on: say how to get back to it."""
-    print(
-        f"\ndtask: stopped waiting; run {run_id} goes on: `dtask status {run_id} --watch`"
-        f" follows it, `dtask cancel {run_id}` stops it",
-        file=sys.stderr,
-    )
+    print(_goes_on(run_id), file=sys.stderr)
     raise SystemExit(130)
+
+
+def _goes_on(run_id: int) -> str:
+    return (
+        f"\ndtask: stopped waiting; run {run_id} goes on: `dtask status {run_id} --watch`"
+        f" follows it, `dtask cancel {run_id}` stops it"
+    )
 
 
 def _warn_if_nobody_consumes(run_id: int) -> None:

@@ -115,7 +115,11 @@ def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
     first = proc.stderr.readline()  # "run N submitted": it waits from here on
     assert first.endswith("submitted\n"), first
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # no-op once it has exited; otherwise its pipes would outlive the test
+        proc.communicate()
     assert proc.returncode == 130, (out, err)
     run_id = _latest_print_range_pending()
     assert f"run {run_id} goes on: `dtask status {run_id} --watch` follows it" in err
