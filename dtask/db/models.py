@@ -180,7 +180,7 @@ class ChildRow(Base):
         UniqueConstraint("run_id", "index"),
         CheckConstraint(_one_of(ChildState), name="state"),
         CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
-        Index(None, "run_id", "state"),
+        Index(None, "run_id", "state", "index"),  # a claim probes only its message's children
         Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
         Index(None, "sent_at", postgresql_where=text("state = 'pending'")),
         Index(

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dtask.db import deps, run_here
+from dtask.db import deps, run_here, statistics
 from dtask.db.children import Claim
 from dtask.db.database import lock_run, sql
 from dtask.db.run_here import TakeHere
@@ -122,6 +122,7 @@ class RunStore(RunInserts):
                 if run_here.take(conn, run_id, run.max_attempts, specs[0], here):
                     return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
+            split = len(specs)
             conn.execute(
                 sql(f"UPDATE dtask_runs SET {run_here.SPLIT} WHERE id = :id AND state = 'pending'"),
                 {
@@ -131,7 +132,8 @@ class RunStore(RunInserts):
                     "unsent": len(specs) if deferred else 0,
                 },
             )
-            return RunState.SPLITTING
+        statistics.after_split(self.db, split)
+        return RunState.SPLITTING
 
     @staticmethod
     def _insert_children(
