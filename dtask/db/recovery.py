@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from dtask.db import counters, deps
+from dtask.db.children import unfinished
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
 from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
@@ -247,10 +248,9 @@ class RecoveryStore:
                 sql(
                     # OFFSET 0: the planner would read every child's finished_at of each
                     # running run (a scan of a 100,000-child run's rows a pass) before
-                    # asking whether one is unfinished; first that, through the index
+                    # asking whether one is unfinished; first that
                     "SELECT id FROM (SELECT r.id FROM dtask_runs r WHERE r.state = 'running'"
-                    "   AND NOT EXISTS (SELECT 1 FROM dtask_children c WHERE c.run_id = r.id"
-                    "   AND c.state IN ('pending', 'running')) OFFSET 0) done"
+                    f"   AND NOT ({unfinished('r.id')}) OFFSET 0) done"
                     " WHERE (SELECT max(finished_at) FROM dtask_children c"
                     "   WHERE c.run_id = done.id) < now() - make_interval(secs => :settled)"
                     " ORDER BY id LIMIT 100"
