@@ -30,11 +30,12 @@ SPLIT = (
 @dataclass
 class TakeHere:
     """A master's offer to run its run's child itself, under ``owner``'s lease; ``taken`` gets
-    the child's index and claim when ``take`` took it."""
+    the child's index and claim when the split took it, ``template`` the run's template."""
 
     owner: str
     lease_ttl: float
     taken: list[tuple[int, Claim]] = field(default_factory=list)
+    template: str = ""
 
 
 def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: TakeHere) -> bool:

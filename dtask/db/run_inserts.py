@@ -97,7 +97,7 @@ class Created:
     created: bool
     state: RunState
     starts_in: float
-    priority: int = DEFAULT_PRIORITY
+    priority: int
 
 
 def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:

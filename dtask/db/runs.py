@@ -120,6 +120,7 @@ class RunStore(RunInserts):
                 return RunState.FAILED
             if here is not None and deferred and len(specs) == 1:  # noqa: SIM102 (a write)
                 if run_here.take(conn, run_id, run.max_attempts, specs[0], here):
+                    here.template = run.template
                     return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
             split = len(specs)

@@ -106,10 +106,8 @@ def run_master(
     template and others may still take it. With ``here``, a run of one child the dispatcher
     would send at once is not sent: ``here`` gets its child, for the caller to run."""
     settings = services.current().settings
-    template_of: list[str] = []
 
     def plan(run: RunRecord) -> list[str]:
-        template_of.append(run.template)
         try:
             template = registry.get(run.template)
         except UnknownTemplate as exc:
@@ -130,7 +128,7 @@ def run_master(
         take = TakeHere(owner_name(), settings.lease_ttl)
     state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, here=take)
     if here is not None and take is not None:
-        here.extend(Here(run_id, i, template_of[0], claim) for i, claim in take.taken)
+        here.extend(Here(run_id, i, take.template, claim) for i, claim in take.taken)
     if state is RunState.PENDING:
         starts_in = store.runs.get(run_id).starts_in
         if starts_in > 0:
