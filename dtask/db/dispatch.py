@@ -102,7 +102,8 @@ class DispatchPass:
                 "   WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
                 "  UNION ALL"
                 "  SELECT run_id, 0, count(*) FROM dtask_children"
-                "   WHERE state = 'running' GROUP BY run_id) c,"
+                "   WHERE state = 'running' AND lease_expires_at IS NOT NULL"  # its index
+                "   GROUP BY run_id) c,"
                 # each run's row by its key alone (LIMIT: not a hash of every run, as the
                 # planner would pick for a few hundred runs out; the state filtered after:
                 # with it inside, stale statistics made the planner walk the state index

@@ -181,7 +181,13 @@ class ChildRow(Base):
         CheckConstraint(_one_of(ChildState), name="state"),
         CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
         Index(None, "run_id", "state", "index"),  # a claim probes only its message's children
-        Index(None, "lease_expires_at", postgresql_where=text("state = 'running'")),
+        # "lease_expires_at IS NOT NULL": a write to one child by its id says "state =
+        # 'running'" too, and must never be planned through this index instead of the key
+        Index(
+            None,
+            "lease_expires_at",
+            postgresql_where=text("state = 'running' AND lease_expires_at IS NOT NULL"),
+        ),
         Index(None, "sent_at", postgresql_where=text("state = 'pending'")),
         Index(
             None, "run_id", "index", postgresql_where=text("state = 'pending' AND sent_at IS NULL")
