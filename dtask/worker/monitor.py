@@ -38,7 +38,7 @@ def once() -> int:
     settings = services.current().settings
     bounds = limits()
     changes = services.store().alerts.judge(
-        settings.worker_forget, lambda facts: evaluate(facts, bounds)
+        settings.worker_forget, lambda facts: evaluate(facts, bounds), bounds.stalled_after
     )
     if changes is None:  # another monitor is in its pass
         return 1

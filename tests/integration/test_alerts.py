@@ -4,10 +4,12 @@ condition clears, and a monitor pass that another monitor holds is skipped."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 from sqlalchemy import text
 
 from dtask import services
+from dtask.db import Refusal
 from dtask.domain.alerts import Limits, evaluate
 from dtask.worker import monitor
 
@@ -30,7 +32,9 @@ def age(worker: str, seen: float, idle: float | None) -> None:
 
 
 def sync() -> tuple[set[str], set[str]]:
-    changes = services.store().alerts.judge(3600, lambda facts: evaluate(facts, SHORT))
+    changes = services.store().alerts.judge(
+        3600, lambda facts: evaluate(facts, SHORT), SHORT.stalled_after
+    )
     assert changes is not None
     return {a.subject for a in changes.opened}, {a.subject for a in changes.closed}
 
@@ -76,7 +80,9 @@ def test_a_forgotten_worker_s_alert_closes(dtask_env: dict[str, str]) -> None:
     age("alert-forgotten@test", seen=100, idle=100)
     sync()
     assert ("worker_lost", "alert-forgotten@test") in open_keys()
-    changes = services.store().alerts.judge(50, lambda facts: evaluate(facts, SHORT))
+    changes = services.store().alerts.judge(
+        50, lambda facts: evaluate(facts, SHORT), SHORT.stalled_after
+    )
     assert changes is not None and "alert-forgotten@test" in {a.subject for a in changes.closed}
     assert "alert-forgotten@test" not in {w.name for w in services.store().workers.live(10**6)}
 
@@ -100,9 +106,61 @@ def test_a_pass_while_another_monitor_holds_the_lock_is_skipped(
         assert held.wait(30)
         assert services.store().alerts.sync([]) is None
         read: list[object] = []
-        assert services.store().alerts.judge(3600, lambda f: read.append(f) or []) is None
+        assert services.store().alerts.judge(3600, lambda f: read.append(f) or [], 600) is None
         assert read == []  # the facts are not even read
         assert monitor.once() == 1  # skipped, not failed
     finally:
         release.set()
         holder.join()
+
+
+def test_a_run_is_stalled_when_nothing_of_it_changed_for_the_limit(
+    dtask_env: dict[str, str],
+) -> None:
+    store = services.store()
+    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    assert store.runs.split(run_id, lambda run: [{"i": i} for i in range(3)]) is not None
+    store.runs.dispatch(run_id, lambda run, kids: None)
+
+    def quiet(run_for: float, children_for: float) -> None:
+        with store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE dtask_runs SET updated_at = now() - make_interval(secs => :s),"
+                    " started_at = now() - make_interval(secs => :s),"
+                    " created_at = now() - make_interval(secs => :s) WHERE id = :id"
+                ),
+                {"s": run_for, "id": run_id},
+            )
+            conn.execute(
+                text(
+                    "UPDATE dtask_children SET updated_at = now() - make_interval(secs => :s)"
+                    " WHERE run_id = :id"
+                ),
+                {"s": children_for, "id": run_id},
+            )
+
+    def stalled() -> bool:
+        sync()
+        return ("run_stalled", str(run_id)) in open_keys()
+
+    try:
+        quiet(3600, 3600)
+        assert stalled()
+        claim = store.children.claim(run_id, 0, "alerts@test", 60)  # a child runs: it moves
+        assert not isinstance(claim, Refusal)
+        assert not stalled()
+        quiet(3600, 3600)  # a running child long quiet, and nothing else: stalled again
+        assert stalled()
+        with store.engine.begin() as conn:  # another child changed 10 s ago: it moves
+            conn.execute(
+                text(
+                    "UPDATE dtask_children SET updated_at = now() - interval '10 s'"
+                    " WHERE run_id = :id AND index = 2"
+                ),
+                {"id": run_id},
+            )
+        assert not stalled()
+    finally:
+        store.runs.cancel(run_id)
+        sync()
