@@ -51,7 +51,7 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: ~10 minutes. bench.peers: dtask, stock Celery, Dramatiq and
+# Not part of `make test`: ~11 minutes. bench.peers: dtask, stock Celery, Dramatiq and
 # Procrastinate side by side (10,000 and 100,000 children); 3,000 small runs; latency while a
 # 100,000-child run is busy; then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.

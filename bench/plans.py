@@ -64,7 +64,7 @@ def _facts(store: Any) -> None:
     from dtask.db.alerts import _facts as facts
 
     with store.db.tx() as conn:
-        facts(conn, 3600.0)
+        facts(conn, 3600.0, 600.0)  # the default DTASK_STALL_ALERT
 
 
 def main() -> int:
