@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
 from typing import Any, NoReturn
 
@@ -175,17 +173,10 @@ def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
     from dtask.client.runs import Run
     from dtask.progress import Progress
 
-    def stop_waiting(signum: int, frame: object) -> None:
-        # Waiting only reads, so leave at once: a KeyboardInterrupt has to unwind through
-        # the driver and its pool, and once, under load, a wait went on after it.
-        print(_goes_on(run_id), file=sys.stderr, flush=True)
-        os._exit(130)
-
-    previous = signal.signal(signal.SIGINT, stop_waiting)
     try:
         return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    except KeyboardInterrupt:
+        _interrupted(run_id)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -234,15 +225,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 def _interrupted(run_id: int) -> NoReturn:
     """Ctrl-C while a run goes on: say how to get back to it."""
-    print(_goes_on(run_id), file=sys.stderr)
-    raise SystemExit(130)
-
-
-def _goes_on(run_id: int) -> str:
-    return (
+    print(
         f"\ndtask: stopped waiting; run {run_id} goes on: `dtask status {run_id} --watch`"
-        f" follows it, `dtask cancel {run_id}` stops it"
+        f" follows it, `dtask cancel {run_id}` stops it",
+        file=sys.stderr,
     )
+    raise SystemExit(130)
 
 
 def _warn_if_nobody_consumes(run_id: int) -> None:

@@ -2,11 +2,12 @@
 
 A run's children arrive by the thousand in one COPY, and its claims, releases and counts are
 planned from the statistics of whatever dtask_children held at autovacuum's last ANALYZE
-(once a minute at best; never, on a fresh database, before a short run ends). Planned for a
-table that held a hundred rows, a 100,000-child run's claims read every pending child of the
-run (27 ms each) and its releases every unsent child of the table; planned for the run as it
-was split, each probes only what it asks for. So the split asks for an ANALYZE when its
-children are a good share of the table: a sample of at most 30,000 rows (tens of ms)."""
+(once a minute at best; never, on a fresh database, before a short run ends). Planned with
+none, or with those of a table that held a hundred rows, a 100,000-child run's claims read
+every pending child of the run (27 ms each) and its releases every unsent child of the
+table; planned for the run as it was split, each probes only what it asks for. So the split
+asks for an ANALYZE when its children are a good share of the table (at the default
+statistics target PostgreSQL samples at most 30,000 of its rows)."""
 
 from __future__ import annotations
 

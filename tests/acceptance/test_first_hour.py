@@ -109,7 +109,7 @@ def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
 ) -> None:
     proc = subprocess.Popen(
         [DTASK, "submit", "print_range", "-v", "n=5", "--wait"], env=dtask_env, cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_on_a_terminal,
     )  # fmt: skip
     assert proc.stderr is not None
     first = proc.stderr.readline()  # "run N submitted": it waits from here on
@@ -125,6 +125,12 @@ def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
     assert f"run {run_id} goes on: `dtask status {run_id} --watch` follows it" in err
     assert "Traceback" not in err
     dtask.get_run(run_id).cancel()
+
+
+def _as_on_a_terminal() -> None:
+    """Ctrl-C reaches a command typed at a terminal; a test run started in the background
+    (`make test &`) ignores SIGINT, and so would the command, which then never stops."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _latest_print_range_pending() -> int | None:
