@@ -1,6 +1,6 @@
 """Storage: SQLAlchemy models, engines, migrations and the store (the only SQL in dtask)."""
 
-from dtask.db.children import ChildView, Claim, Refusal
+from dtask.db.children import ChildView, Claim, Finished, Refusal
 from dtask.db.database import Database
 from dtask.db.engine import Limits, engine_for
 from dtask.db.recovery import Redispatch, Waiting
@@ -13,6 +13,7 @@ __all__ = [
     "ChildView",
     "Claim",
     "Database",
+    "Finished",
     "Limits",
     "NewRun",
     "Redispatch",

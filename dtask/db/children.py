@@ -129,6 +129,23 @@ FINISH = (
 )
 
 
+# A claimed child starts (its attempt counted, its lease from now), under the caller's fence
+_START = (
+    "attempt = attempt + 1, lease_expires_at = now() + make_interval(secs => :ttl),"
+    " started_at = coalesce(started_at, now()), updated_at = now()"
+)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A claimed child's success, not yet written: its claim, last checkpoint and result (JSON
+    text)."""
+
+    claim: Claim
+    checkpoint: Any | None
+    result: str | None
+
+
 def _claim(row: Row[Any]) -> Claim:
     return Claim(
         child_id=row.id,
@@ -223,15 +240,44 @@ class ChildStore:
         with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET attempt = attempt + 1,"
-                    " lease_expires_at = now() + make_interval(secs => :ttl),"
-                    " started_at = coalesce(started_at, now()), updated_at = now()"
+                    f"UPDATE dtask_children SET {_START}"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                     " AND attempt < max_attempts RETURNING attempt"
                 ),
                 {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
             ).first()
         return None if row is None else replace(claim, attempt=row.attempt)
+
+    def finish_and_start(
+        self, done: Finished, claim: Claim, lease_ttl: float
+    ) -> tuple[bool, Claim | None]:
+        """``finish`` of ``done`` and ``start`` of ``claim`` (the next child of its message)
+        in one statement, each under its own fence: whether ``done``'s success was written,
+        and the started claim (None as for ``start``)."""
+        with self.db.owner(durable=False) as conn:
+            row = conn.execute(
+                sql(
+                    f"WITH done AS (UPDATE dtask_children SET {FINISH}, updated_at = now()"
+                    "   WHERE id = :done_id AND fence = :done_fence AND state = 'running'"
+                    "   RETURNING 1),"
+                    f" began AS (UPDATE dtask_children SET {_START}"
+                    "   WHERE id = :id AND fence = :fence AND state = 'running'"
+                    "   AND attempt < max_attempts RETURNING attempt)"
+                    " SELECT EXISTS (SELECT 1 FROM done) AS finished,"
+                    " (SELECT attempt FROM began) AS attempt"
+                ),
+                {
+                    "done_id": done.claim.child_id,
+                    "done_fence": done.claim.fence,
+                    "cp": json_or_none(done.checkpoint),
+                    "result": done.result,
+                    "id": claim.child_id,
+                    "fence": claim.fence,
+                    "ttl": lease_ttl,
+                },
+            ).one()
+        started = None if row.attempt is None else replace(claim, attempt=row.attempt)
+        return bool(row.finished), started
 
     def unclaim(self, claim: Claim) -> None:
         """Hand back a child taken by ``claim_many`` that never started (a drain)."""

@@ -13,6 +13,7 @@ as finished.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from typing import Any, NoReturn
@@ -21,16 +22,18 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from dtask import services
-from dtask.db import Claim, Redispatch
+from dtask.db import Claim, Finished, Redispatch
+from dtask.db.children import lease_lost
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
-from dtask.worker import drain
+from dtask.worker import drain, links
 from dtask.worker.dispatch import CHILDREN, publish
 from dtask.worker.lifecycle import (
     finalize_if_last,
     hand_over,
     note_time,
     owner_name,
+    patiently,
     run_child,
     template_backoff,
 )
@@ -60,6 +63,63 @@ class InBatch:
 
     def ended(self) -> None:
         """The batch's message gets its own final event."""
+
+
+class Held:
+    """The message's last finished child whose success is not written yet: it is written
+    with the next child's start, in one statement (one statement per child where there
+    were two), or on its own (``flush``) before anything else reads or writes the run.
+
+    A worker killed between the two re-runs the finished child, as one killed just before
+    its finish did: the child's function has returned and nothing else ran meanwhile."""
+
+    def __init__(self) -> None:
+        self.child: Redispatch | None = None
+        self.done: Finished | None = None
+
+    def hold(self, child: Redispatch, claim: Claim, checkpoint: Any, result: str | None) -> None:
+        self.child, self.done = child, Finished(claim, checkpoint, result)
+
+    def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
+        children = services.store().children
+        if self.done is None:
+            return children.start(claim, lease_ttl)
+        finished, started = children.finish_and_start(self.done, claim, lease_ttl)
+        self._written(finished)
+        return started
+
+    def flush(self) -> None:
+        """Write the held success on its own. Never raises: a child whose success cannot be
+        written is sent again, as ``run_child`` sends one whose finish met an unreachable
+        PostgreSQL."""
+        if self.child is None or self.done is None:
+            return
+        child, done = self.child, self.done
+        ttl = services.current().settings.lease_ttl
+        try:
+            patiently(
+                lambda: services.store().children.finish(done.claim, done.checkpoint, done.result),
+                ttl,
+            )
+        except LeaseLost:
+            self._written(False)
+        except DatabaseUnavailable as exc:
+            links.cut_off()
+            log.warning(
+                "run %s child %s: %s; retrying in %g s", child.run_id, child.index, exc, ttl
+            )
+            publish([child], countdown=ttl)
+            self.child = self.done = None
+        else:
+            self._written(True)
+
+    def _written(self, finished: bool) -> None:
+        if not finished and self.child is not None and self.done is not None:
+            log.warning(
+                "run %s child %s: %s", self.child.run_id, self.child.index,
+                lease_lost(self.done.claim),
+            )  # fmt: skip
+        self.child = self.done = None
 
 
 def _claim_ahead(run_id: int, indexes: list[int]) -> dict[int, Claim]:
@@ -95,8 +155,10 @@ def children(
         ahead = _claim_ahead(run_id, [int(i) for i, _ in items])
         took: list[float] = []
         began = time.monotonic()
+        held = Held()
         for position, (index, spec) in enumerate(items):
             if drain.DRAINING.is_set():
+                held.flush()
                 rest = [(int(i), s) for i, s in items[position:]]
                 for i, _ in rest:
                     if i in ahead:
@@ -105,15 +167,22 @@ def children(
                     log.info("run %s: %s children handed over unstarted", run_id, len(rest))
                 break
             child = Redispatch(run_id, int(index), spec, template, group_id, queue)
+            pre = ahead.get(child.index)
+            if pre is None:
+                held.flush()
             try:
-                pre = ahead.get(child.index)
                 seconds = run_child(
-                    InBatch(child, pre), run_id, child.index, template, spec, False, pre
-                )
+                    InBatch(child, pre), run_id, child.index, template, spec, False, pre,
+                    finish=functools.partial(held.hold, child), start=held.start,
+                )  # fmt: skip
             except (Ignore, ChildFailed, Resent):
                 continue
+            finally:
+                if held.child is not child:  # it did not finish: nothing may wait on it
+                    held.flush()
             if seconds is not None:
                 took.append(seconds)
+        held.flush()
         if took:
             # the message's whole time per child ran, its claim and bookkeeping included: by
             # claim-to-finish alone, messages meant to take 50 ms took twice that

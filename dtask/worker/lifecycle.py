@@ -51,6 +51,8 @@ T = TypeVar("T")
 
 # a claimed child's success written: (its claim, its last checkpoint, its result as JSON text)
 Finish = Callable[[Claim, Any | None, str | None], None]
+# a child taken ahead starts: (its claim, the lease) -> the claim with its attempt counted
+Start = Callable[[Claim, float], Claim | None]
 
 
 class ChildWrites(Protocol):
@@ -83,7 +85,7 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _patiently(
+def patiently(
     call: Callable[[], T], patience: float, give_up: Callable[[], bool] = lambda: False
 ) -> T:
     """Retry a write while PostgreSQL is unreachable (a restart), for up to ``patience`` s,
@@ -119,13 +121,14 @@ def run_child(
     finalize: bool = True,
     taken_ahead: Claim | None = None,
     finish: Finish | None = None,
+    start: Start | None = None,
 ) -> float | None:
     """Claim, run and finish one child, wherever its message came from; with ``finalize``,
     then finalize its run if it was the last (a batch asks once, after its last child).
     ``taken_ahead``: the child was claimed with its message's others, or by its master's
-    split (it only starts here). ``finish``: how its success is written (else
-    ``children.finish``). The seconds it took from claim to finish, or None where it did not
-    run to its end."""
+    split (it only starts here), and ``start`` how it starts (else ``children.start``).
+    ``finish``: how its success is written (else ``children.finish``). The seconds it took
+    from claim to finish, or None where it did not run to its end."""
     config = services.current().settings
     began = time.monotonic()
     try:
@@ -149,12 +152,10 @@ def run_child(
         claimed_at = time.monotonic()  # the lease runs from no earlier than this
         taken: Claim | Refusal | None = None
         if taken_ahead is not None:
-            ahead = taken_ahead
-            taken = _patiently(
-                lambda: store.children.start(ahead, config.lease_ttl), config.lease_ttl
-            )
+            ahead, starts = taken_ahead, start or store.children.start
+            taken = patiently(lambda: starts(ahead, config.lease_ttl), config.lease_ttl)
         if taken is None:
-            taken = _patiently(
+            taken = patiently(
                 lambda: store.children.claim(run_id, index, owner_name(), config.lease_ttl),
                 config.lease_ttl,
             )
@@ -246,7 +247,7 @@ def _run_claimed(
         the lease has run out: another worker may be running the child by then."""
         sent_at = time.monotonic()
         try:
-            _patiently(write, config.lease_ttl, give_up=beat.expired)
+            patiently(write, config.lease_ttl, give_up=beat.expired)
         except LeaseLost:
             beat.lost.set()
             raise
@@ -301,7 +302,7 @@ def _run_claimed(
                 delivery, store, claim, run_id, index, failure, config.retry_delay,
                 printed.text() if printed else None,
             )  # fmt: skip
-        _patiently(lambda: store.children.release(claim, None), config.lease_ttl)
+        patiently(lambda: store.children.release(claim, None), config.lease_ttl)
         # Always, also after a cancel: a rerun may have made the run active again meanwhile,
         # and its message for this child was dropped as a duplicate while we held the lease.
         # hand_over re-sends only while the run is active.

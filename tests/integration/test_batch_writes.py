@@ -1,0 +1,103 @@
+"""A message of short children (``dtask.children``) writes each child once: a child's success
+goes to PostgreSQL with the next child's start, in one statement, and the last one's on its
+own before the run is asked whether it is done. Run in this process, on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.engine import Engine
+
+import dtask
+from dtask import services
+from dtask.db import Store
+from dtask.domain.runs import RunState
+from dtask.worker.batch import children as children_message
+from tests.support.db import children
+
+
+@pytest.fixture
+def store(dtask_env: dict[str, str]) -> Store:
+    services.load_templates()  # what a worker does first: "tiny" is a test template
+    return services.store()
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """Every statement this process sends to PostgreSQL while the test runs."""
+    sent: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", note)
+    try:
+        yield sent
+    finally:
+        event.remove(Engine, "before_cursor_execute", note)
+
+
+def split(store: Store, n: int) -> tuple[int, list[list[Any]]]:
+    run_id, _ = store.runs.create("tiny", f"test:{uuid.uuid4()}", {"n": n}, 1, None)
+    plan = [{"i": i, "fail_every": 0} for i in range(n)]
+    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+    return run_id, [[i, spec] for i, spec in enumerate(plan)]
+
+
+def test_each_child_of_a_message_is_written_once(
+    store: Store, statements: list[str], sink: Path
+) -> None:
+    n = 40
+    run_id, items = split(store, n)
+    statements.clear()
+    children_message.apply(args=(run_id, "tiny", f"group-{uuid.uuid4()}", None, items))
+    writes = [s for s in statements if "dtask_children" in s]
+
+    assert children(run_id) == [(i, "succeeded", 1) for i in range(n)]
+    ran = (sink / f"{run_id}.tiny").read_text().split()[::2]
+    assert Counter(int(i) for i in ran) == Counter(range(n))
+    # a claim of them all, a start or finish-and-start per child, the last finish, the
+    # run's last-child check and its finalize's count: 2 n + 4 before
+    assert len(writes) <= n + 4, Counter(s.split(" SET")[0][:60] for s in writes)
+
+
+@dtask.template(
+    "taken_over_in_batch",
+    params={"n": int},
+    skeleton={"n": "${n}"},
+    split=lambda r: [{"i": i} for i in range(r["n"])],
+)
+def taken_over_in_batch(ctx: dtask.ChildContext, i: int) -> int:
+    """Child 2 is taken over by another worker (its fence moves) while it runs."""
+    if i == 2:
+        with services.store().engine.begin() as conn:
+            conn.execute(
+                text("UPDATE dtask_children SET fence = fence + 1 WHERE run_id = :r AND index = 2"),
+                {"r": ctx.run_id},
+            )
+    return i
+
+
+def test_a_child_taken_over_while_its_success_waits_is_not_written_and_the_next_runs(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, _ = store.runs.create("taken_over_in_batch", f"test:{uuid.uuid4()}", {"n": 5}, 1, None)
+    plan = [{"i": i} for i in range(5)]
+    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+    items = [[i, spec] for i, spec in enumerate(plan)]
+    with caplog.at_level(logging.WARNING, logger="dtask.worker"):
+        children_message.apply(
+            args=(run_id, "taken_over_in_batch", f"group-{uuid.uuid4()}", None, items)
+        )
+    assert children(run_id) == [
+        (0, "succeeded", 1), (1, "succeeded", 1), (2, "running", 1),
+        (3, "succeeded", 1), (4, "succeeded", 1),
+    ]  # fmt: skip
+    assert "was taken over by another worker" in caplog.text
