@@ -1,6 +1,7 @@
 """Storage: SQLAlchemy models, engines, migrations and the store (the only SQL in dtask)."""
 
-from dtask.db.children import ChildView, Claim, Finished, Refusal
+from dtask.db.child_reads import ChildView
+from dtask.db.children import Claim, Finished, Refusal
 from dtask.db.database import Database
 from dtask.db.engine import Limits, engine_for
 from dtask.db.recovery import Redispatch, Waiting

@@ -6,15 +6,14 @@ conditional on its fence: a stale owner matches no row and gets LeaseLost.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Row
 
-from dtask.db.database import Database, sql
+from dtask.db.child_reads import ChildReads
+from dtask.db.database import sql
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
 
@@ -30,60 +29,21 @@ class Claim:
     spec: dict[str, Any]
     checkpoint: Any
     execution_cap: float | None = None  # the run's own cap (None: the template's)
+    # False: ``attempt`` (this one) is counted in PostgreSQL only by the child's finish or
+    # failure, or a start that writes anyway (a child taken for the first time with its
+    # message's others, ``claim_many``)
+    counted: bool = True
+
+    @property
+    def uncounted(self) -> int:
+        """What a write that ends this attempt adds to ``attempt``."""
+        return 0 if self.counted else 1
 
 
 @dataclass(frozen=True)
 class Refusal:
     reason: ClaimRefusal
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class ChildView:
-    """One child as an operator sees it."""
-
-    index: int
-    state: ChildState
-    attempt: int
-    owner: str | None  # host:pid while leased
-    checkpoint: Any
-
-
-_VIEW = "SELECT index, state, attempt, owner, checkpoint FROM dtask_children"
-
-
-@dataclass(frozen=True)
-class ChildDetail:
-    """One child as the API and the dashboard show it."""
-
-    index: int
-    state: ChildState
-    spec: Any  # its range (the child function's keyword arguments)
-    attempt: int
-    max_attempts: int
-    checkpoint: Any
-    error: str | None
-    worker: str | None  # host:pid while leased
-    started_at: datetime | None
-    finished_at: datetime | None
-    traceback: str | None = None  # of its latest failed attempt (only where asked for)
-    output: str | None = None  # the last lines that attempt printed (only where asked for)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "state": self.state.value,
-            "spec": self.spec,
-            "attempt": self.attempt,
-            "max_attempts": self.max_attempts,
-            "checkpoint": self.checkpoint,
-            "error": self.error,
-            "worker": self.worker,
-            "started_at": self.started_at.isoformat() if self.started_at else None,
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
-            **({"traceback": self.traceback} if self.traceback is not None else {}),
-            **({"output": self.output} if self.output is not None else {}),
-        }
 
 
 # A claim: the fence moves, the lease is ours; of a child that is pending, or running with an
@@ -119,14 +79,18 @@ def unfinished(run: str) -> str:
     )
 
 
-# A child's success, under the caller's fence (``:cp`` its last checkpoint, ``:result`` its
-# return value as JSON text)
-FINISH = (
-    "state = 'succeeded', finished_at = now(),"
-    " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
-    " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
-    " result = CAST(:result AS jsonb)"
-)
+def finish(cp: str = ":cp", result: str = ":result") -> str:
+    """A child's success, under the caller's fence (``cp`` its last checkpoint, ``result`` its
+    return value, both JSON text)."""
+    return (
+        "state = 'succeeded', finished_at = now(),"
+        f" checkpoint = coalesce(CAST({cp} AS jsonb), checkpoint), owner = NULL,"
+        " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
+        f" result = CAST({result} AS jsonb)"
+    )
+
+
+FINISH = finish()
 
 
 # A claimed child starts (its attempt counted, its lease from now), under the caller's fence
@@ -158,9 +122,9 @@ def _claim(row: Row[Any]) -> Claim:
     )
 
 
-class ChildStore:
-    def __init__(self, db: Database) -> None:
-        self.db = db
+class ChildStore(ChildReads):
+    """A child's lifecycle under its lease and fence (and, inherited, how operators read
+    children)."""
 
     def claim(self, run_id: int, index: int, owner: str, lease_ttl: float) -> Claim | Refusal:
         """Take the child (pending, or running with an expired lease): the fence moves.
@@ -219,19 +183,27 @@ class ChildStore:
         self, run_id: int, indexes: list[int], owner: str, lease_ttl: float
     ) -> dict[int, Claim]:
         """Take several children of a run at once (a message of them), those that can be
-        taken: each one's fence moves, all in one durable commit. Their attempts are counted
-        as each starts (``start``), so a worker that dies before reaching one spends none of
-        its attempts; the others are claimed one by one, to learn why not."""
+        taken: each one's fence moves, all in one durable commit; the others are claimed one
+        by one, to learn why not. No attempt is counted here, so a worker that dies before
+        reaching a child spends none of its attempts: a child taken before counts its
+        attempt as it starts (``start``); one taken for the first time (fence 1) only with
+        its finish or failure (``write_batch``, ``fail_attempt``), so a worker killed while
+        it runs spends none, and the next take, not a first, counts as it starts."""
         with self.db.owner(durable=True) as conn:
             rows = conn.execute(
                 sql(
-                    f"UPDATE dtask_children SET {_TAKE}"
+                    f"UPDATE dtask_children SET {_TAKE}, started_at = coalesce(started_at, now())"
                     f" WHERE run_id = :run AND index = ANY(:indexes) AND {_TAKEABLE}"
                     f" RETURNING index AS position, {_TAKEN}"
                 ),
                 {"run": run_id, "indexes": indexes, "owner": owner, "ttl": lease_ttl},
             ).all()
-        return {r.position: _claim(r) for r in rows}
+        return {
+            r.position: replace(_claim(r), attempt=r.attempt + 1, counted=False)
+            if r.fence == 1
+            else _claim(r)
+            for r in rows
+        }
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         """A child taken by ``claim_many`` starts: its attempt is counted and its lease runs
@@ -246,38 +218,46 @@ class ChildStore:
                 ),
                 {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
             ).first()
-        return None if row is None else replace(claim, attempt=row.attempt)
+        return None if row is None else replace(claim, attempt=row.attempt, counted=True)
 
-    def finish_and_start(
-        self, done: Finished, claim: Claim, lease_ttl: float
-    ) -> tuple[bool, Claim | None]:
-        """``finish`` of ``done`` and ``start`` of ``claim`` (the next child of its message)
-        in one statement, each under its own fence: whether ``done``'s success was written,
-        and the started claim (None as for ``start``)."""
+    def write_batch(
+        self, done: list[Finished], claim: Claim | None, lease_ttl: float
+    ) -> tuple[set[int], Claim | None]:
+        """``finish`` of each of ``done`` (counting the attempt of those not counted yet) and
+        ``start`` of ``claim`` (the next child of their message, if any) in one statement,
+        each under its own fence: the ids of those of ``done`` written, and the started claim
+        (None as for ``start``)."""
         with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
-                    f"WITH done AS (UPDATE dtask_children SET {FINISH}, updated_at = now()"
-                    "   WHERE id = :done_id AND fence = :done_fence AND state = 'running'"
-                    "   RETURNING 1),"
+                    "WITH v AS (SELECT * FROM unnest(CAST(:ids AS bigint[]),"
+                    "   CAST(:fences AS bigint[]), CAST(:cps AS text[]), CAST(:results AS text[]),"
+                    "   CAST(:counts AS int[])) AS v(id, fence, cp, result, counts)),"
+                    f" done AS (UPDATE dtask_children c SET {finish('v.cp', 'v.result')},"
+                    "   attempt = c.attempt + v.counts, updated_at = now(),"
+                    "   started_at = coalesce(c.started_at, now())"
+                    "   FROM v WHERE c.id = v.id AND c.fence = v.fence AND c.state = 'running'"
+                    "   RETURNING c.id),"
                     f" began AS (UPDATE dtask_children SET {_START}"
                     "   WHERE id = :id AND fence = :fence AND state = 'running'"
                     "   AND attempt < max_attempts RETURNING attempt)"
-                    " SELECT EXISTS (SELECT 1 FROM done) AS finished,"
+                    " SELECT ARRAY(SELECT id FROM done) AS finished,"
                     " (SELECT attempt FROM began) AS attempt"
                 ),
                 {
-                    "done_id": done.claim.child_id,
-                    "done_fence": done.claim.fence,
-                    "cp": json_or_none(done.checkpoint),
-                    "result": done.result,
-                    "id": claim.child_id,
-                    "fence": claim.fence,
+                    "ids": [d.claim.child_id for d in done],
+                    "fences": [d.claim.fence for d in done],
+                    "cps": [json_or_none(d.checkpoint) for d in done],
+                    "results": [d.result for d in done],
+                    "counts": [d.claim.uncounted for d in done],
+                    "id": None if claim is None else claim.child_id,
+                    "fence": None if claim is None else claim.fence,
                     "ttl": lease_ttl,
                 },
             ).one()
-        started = None if row.attempt is None else replace(claim, attempt=row.attempt)
-        return bool(row.finished), started
+        if claim is None or row.attempt is None:
+            return set(row.finished), None
+        return set(row.finished), replace(claim, attempt=row.attempt, counted=True)
 
     def unclaim(self, claim: Claim) -> None:
         """Hand back a child taken by ``claim_many`` that never started (a drain)."""
@@ -315,7 +295,13 @@ class ChildStore:
     def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
         """running -> succeeded under our fence, with the function's return value (JSON text,
         checked by the caller), or raise LeaseLost."""
-        self._fenced_update(claim, FINISH, cp=json_or_none(final_checkpoint), result=result)
+        self._fenced_update(
+            claim,
+            f"{FINISH}, attempt = attempt + :counts",
+            cp=json_or_none(final_checkpoint),
+            result=result,
+            counts=claim.uncounted,
+        )
 
     def note_time(self, run_id: int, seconds: float) -> None:
         """Fold a child's measured time (claim to finish, in its pool process) into the run's
@@ -344,12 +330,14 @@ class ChildStore:
         with self.db.owner(durable=False) as conn:
             row = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET"
-                    " state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END,"
-                    " error = CASE WHEN attempt >= max_attempts"
-                    "   THEN 'gave up after ' || attempt || ' attempt(s): ' || :error"
+                    "UPDATE dtask_children SET attempt = attempt + :counts,"
+                    " state = CASE WHEN attempt + :counts >= max_attempts"
+                    "   THEN 'failed' ELSE 'pending' END,"
+                    " error = CASE WHEN attempt + :counts >= max_attempts"
+                    "   THEN 'gave up after ' || (attempt + :counts) || ' attempt(s): ' || :error"
                     "   ELSE :error END,"
-                    " finished_at = CASE WHEN attempt >= max_attempts THEN now() END,"
+                    " finished_at = CASE WHEN attempt + :counts >= max_attempts THEN now() END,"
+                    " started_at = coalesce(started_at, now()),"
                     " traceback = :traceback, output = :output,"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
@@ -358,6 +346,7 @@ class ChildStore:
                 {
                     "id": claim.child_id,
                     "fence": claim.fence,
+                    "counts": claim.uncounted,
                     "error": error,
                     "traceback": traceback,
                     "output": output,
@@ -387,10 +376,11 @@ class ChildStore:
         counted, resumable from ``checkpoint``."""
         self._fenced_update(
             claim,
-            "state = 'pending', attempt = attempt - 1,"
+            "state = 'pending', attempt = attempt - :counted,"
             " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
             " lease_expires_at = NULL, sent_at = now()",  # its hand-over message goes now
             cp=json_or_none(checkpoint),
+            counted=int(claim.counted),
         )
 
     def revoke(self, run_id: int, index: int, error: str) -> bool:
@@ -406,99 +396,6 @@ class ChildStore:
                 {"run": run_id, "index": index, "error": error},
             )
             return result.rowcount == 1
-
-    def view(self, run_id: int, index: int) -> ChildView | None:
-        with self.db.tx() as conn:
-            row = conn.execute(
-                sql(f"{_VIEW} WHERE run_id = :run AND index = :index"),
-                {"run": run_id, "index": index},
-            ).first()
-        return None if row is None else _view(row)
-
-    def first_checkpointed_running(self, run_id: int) -> ChildView | None:
-        """The running child of the run with the lowest index that has committed progress."""
-        with self.db.tx() as conn:
-            row = conn.execute(
-                sql(
-                    f"{_VIEW} WHERE run_id = :run AND state = 'running'"
-                    " AND checkpoint IS NOT NULL ORDER BY index LIMIT 1"
-                ),
-                {"run": run_id},
-            ).first()
-        return None if row is None else _view(row)
-
-    def page(
-        self, run_id: int, state: ChildState | None, limit: int, after: int | None
-    ) -> list[ChildDetail]:
-        """The run's children in index order (only those in ``state``), after index ``after``."""
-        with self.db.tx() as conn:
-            rows = conn.execute(
-                sql(
-                    "SELECT index, state, spec, attempt, max_attempts, checkpoint, error, owner,"
-                    " started_at, finished_at FROM dtask_children WHERE run_id = :run"
-                    " AND (CAST(:state AS varchar) IS NULL OR state = :state)"
-                    " AND index > :after ORDER BY index LIMIT :limit"
-                ),
-                {"run": run_id, "state": state and state.value, "after": -1 if after is None
-                 else after, "limit": limit},
-            ).all()  # fmt: skip
-        return [_detail(r) for r in rows]
-
-    def detail(self, run_id: int, index: int) -> ChildDetail | None:
-        """One child, with its latest failed attempt's traceback."""
-        with self.db.tx() as conn:
-            row = conn.execute(
-                sql(
-                    "SELECT index, state, spec, attempt, max_attempts, checkpoint, error, owner,"
-                    " started_at, finished_at, traceback, output FROM dtask_children"
-                    " WHERE run_id = :run AND index = :index"
-                ),
-                {"run": run_id, "index": index},
-            ).first()
-        return None if row is None else _detail(row, row.traceback, row.output)
-
-    def grid(self, run_id: int) -> list[tuple[str, int]]:
-        """The run's children in index order as runs of one state: [(state, how many), ...];
-        a pending child not yet sent to the broker is ``waiting``. One letter per child
-        crosses the wire (about 0.1 s for 100,000 children)."""
-        with self.db.tx() as conn:
-            letters = conn.execute(
-                sql(
-                    "SELECT string_agg(CASE WHEN state = 'pending' AND sent_at IS NULL"
-                    "   THEN 'w' ELSE left(state, 1) END, '' ORDER BY index)"
-                    " FROM dtask_children WHERE run_id = :run"
-                ),
-                {"run": run_id},
-            ).scalar()
-        return [(_GRID_STATES[k], sum(1 for _ in g)) for k, g in itertools.groupby(letters or "")]
-
-    def error(self, run_id: int, index: int) -> str | None:
-        with self.db.tx() as conn:
-            row = conn.execute(
-                sql("SELECT error FROM dtask_children WHERE run_id = :run AND index = :index"),
-                {"run": run_id, "index": index},
-            ).first()
-        return None if row is None else row.error
-
-
-_GRID_STATES = {"w": "waiting", **{s.value[0]: s.value for s in ChildState}}
-
-
-def _detail(r: Row[Any], traceback: str | None = None, output: str | None = None) -> ChildDetail:
-    return ChildDetail(
-        r._mapping["index"], ChildState(r.state), r.spec, r.attempt, r.max_attempts,
-        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback, output,
-    )  # fmt: skip
-
-
-def _view(row: Row[Any]) -> ChildView:
-    return ChildView(
-        index=int(row._mapping["index"]),
-        state=ChildState(row.state),
-        attempt=int(row.attempt),
-        owner=row.owner,
-        checkpoint=row.checkpoint,
-    )
 
 
 def json_or_none(value: Any | None) -> str | None:

@@ -57,7 +57,13 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
             "   AND o.priority > r.priority)"
             " RETURNING execution_cap"
         ),
-        {"id": run_id, "q": DEFAULT_QUEUE, "state": "running", "total": 1, "unsent": 0},
+        {
+            "id": run_id,
+            "q": DEFAULT_QUEUE,
+            "state": RunState.RUNNING.value,
+            "total": 1,
+            "unsent": 0,
+        },
     ).first()
     if run is None:
         return False

@@ -5,9 +5,9 @@ One pool process runs them one after the other, each exactly as ``dtask.child`` 
 claimed under its own lease and fence, checkpointed, finished, counted. Only the message is
 shared: a child whose attempt fails, or that meets an unreachable PostgreSQL, is sent again
 in a message of its own; one that is refused (finished, running elsewhere, its run cancelled)
-is skipped; on a drain the children not started yet are handed over. A worker killed
-mid-message has the whole message redelivered, and the children it had finished are refused
-as finished.
+is skipped; on a drain the children not started yet are handed over. Their successes are
+written together (``Held``). A worker killed mid-message has the whole message redelivered:
+the children whose successes were written are refused as finished, the others run again.
 """
 
 from __future__ import annotations
@@ -65,61 +65,67 @@ class InBatch:
         """The batch's message gets its own final event."""
 
 
+# A message's children taken for the first time run without a write of their own within
+# this long of its claim (or the heartbeat interval's half, if shorter: their leases run from
+# the claim): their successes are written together, with the next start after it or at the
+# message's end. It bounds what a killed worker runs again.
+UNWRITTEN_FOR = 0.25
+
+
 class Held:
-    """The message's last finished child whose success is not written yet: it is written
-    with the next child's start, in one statement (one statement per child where there
-    were two), or on its own (``flush``) before anything else reads or writes the run.
+    """The successes of a message's children not written yet. Each is written with the next
+    child's start that writes, or with the others at the message's end (``flush``), in one
+    statement: a message of short children first taken makes four statements, not two per
+    child. A worker killed in between runs those children again (each is counted once: the
+    writes are fenced), and spends no attempt: one taken for the first time counts its
+    attempt with its success or failure, and its next take counts as it starts."""
 
-    A worker killed between the two re-runs the finished child, as one killed just before
-    its finish did: the child's function has returned and nothing else ran meanwhile."""
-
-    def __init__(self) -> None:
-        self.child: Redispatch | None = None
-        self.done: Finished | None = None
+    def __init__(self, claimed_at: float) -> None:
+        self.claimed_at = claimed_at
+        self.children: list[Redispatch] = []
+        self.done: list[Finished] = []
 
     def hold(self, child: Redispatch, claim: Claim, checkpoint: Any, result: str | None) -> None:
-        self.child, self.done = child, Finished(claim, checkpoint, result)
+        self.children.append(child)
+        self.done.append(Finished(claim, checkpoint, result))
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
-        children = services.store().children
-        if self.done is None:
-            return children.start(claim, lease_ttl)
-        finished, started = children.finish_and_start(self.done, claim, lease_ttl)
+        config = services.current().settings
+        window = min(UNWRITTEN_FOR, config.heartbeat_interval / 2)
+        if not claim.counted and time.monotonic() - self.claimed_at < window:
+            return claim
+        finished, started = services.store().children.write_batch(self.done, claim, lease_ttl)
         self._written(finished)
         return started
 
     def flush(self) -> None:
-        """Write the held success on its own. Never raises: a child whose success cannot be
-        written is sent again, as ``run_child`` sends one whose finish met an unreachable
+        """Write the held successes. Never raises: children whose successes cannot be written
+        are sent again, as ``run_child`` sends one whose finish met an unreachable
         PostgreSQL."""
-        if self.child is None or self.done is None:
+        if not self.done:
             return
-        child, done = self.child, self.done
         ttl = services.current().settings.lease_ttl
         try:
-            patiently(
-                lambda: services.store().children.finish(done.claim, done.checkpoint, done.result),
-                ttl,
+            finished, _ = patiently(
+                lambda: services.store().children.write_batch(self.done, None, ttl), ttl
             )
-        except LeaseLost:
-            self._written(False)
         except DatabaseUnavailable as exc:
             links.cut_off()
             log.warning(
-                "run %s child %s: %s; retrying in %g s", child.run_id, child.index, exc, ttl
-            )
-            publish([child], countdown=ttl)
-            self.child = self.done = None
-        else:
-            self._written(True)
-
-    def _written(self, finished: bool) -> None:
-        if not finished and self.child is not None and self.done is not None:
-            log.warning(
-                "run %s child %s: %s", self.child.run_id, self.child.index,
-                lease_lost(self.done.claim),
+                "run %s: %s finished children not written: %s; sending them again in %g s",
+                self.children[0].run_id, len(self.children), exc, ttl,
             )  # fmt: skip
-        self.child = self.done = None
+            publish(self.children, countdown=ttl)
+            self.children, self.done = [], []
+        else:
+            self._written(finished)
+
+    def _written(self, finished: set[int]) -> None:
+        for child, done in zip(self.children, self.done, strict=True):
+            if done.claim.child_id not in finished:
+                lost = lease_lost(done.claim)
+                log.warning("run %s child %s: %s", child.run_id, child.index, lost)
+        self.children, self.done = [], []
 
 
 def _claim_ahead(run_id: int, indexes: list[int]) -> dict[int, Claim]:
@@ -152,37 +158,34 @@ def children(
     try:
         if template not in registry:  # a rolling deploy: the whole message waits elsewhere
             raise self.retry(countdown=template_backoff(self.request.retries), max_retries=None)
+        claimed_at = time.monotonic()
         ahead = _claim_ahead(run_id, [int(i) for i, _ in items])
         took: list[float] = []
         began = time.monotonic()
-        held = Held()
-        for position, (index, spec) in enumerate(items):
-            if drain.DRAINING.is_set():
-                held.flush()
-                rest = [(int(i), s) for i, s in items[position:]]
-                for i, _ in rest:
-                    if i in ahead:
-                        _unclaim(ahead[i])
-                if hand_over(services.store(), run_id, template, rest):
-                    log.info("run %s: %s children handed over unstarted", run_id, len(rest))
-                break
-            child = Redispatch(run_id, int(index), spec, template, group_id, queue)
-            pre = ahead.get(child.index)
-            if pre is None:
-                held.flush()
-            try:
-                seconds = run_child(
-                    InBatch(child, pre), run_id, child.index, template, spec, False, pre,
-                    finish=functools.partial(held.hold, child), start=held.start,
-                )  # fmt: skip
-            except (Ignore, ChildFailed, Resent):
-                continue
-            finally:
-                if held.child is not child:  # it did not finish: nothing may wait on it
-                    held.flush()
-            if seconds is not None:
-                took.append(seconds)
-        held.flush()
+        held = Held(claimed_at)
+        try:
+            for position, (index, spec) in enumerate(items):
+                if drain.DRAINING.is_set():
+                    rest = [(int(i), s) for i, s in items[position:]]
+                    for i, _ in rest:
+                        if i in ahead:
+                            _unclaim(ahead[i])
+                    if hand_over(services.store(), run_id, template, rest):
+                        log.info("run %s: %s children handed over unstarted", run_id, len(rest))
+                    break
+                child = Redispatch(run_id, int(index), spec, template, group_id, queue)
+                pre = ahead.get(child.index)
+                try:
+                    seconds = run_child(
+                        InBatch(child, pre), run_id, child.index, template, spec, False, pre,
+                        finish=functools.partial(held.hold, child), start=held.start,
+                    )  # fmt: skip
+                except (Ignore, ChildFailed, Resent):
+                    continue
+                if seconds is not None:
+                    took.append(seconds)
+        finally:
+            held.flush()
         if took:
             # the message's whole time per child ran, its claim and bookkeeping included: by
             # claim-to-finish alone, messages meant to take 50 ms took twice that

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dtask
+from dtask.domain.dispatch import MAX_BATCH
 from tests.conftest import WorkerProcess
 from tests.support.db import children, wait_for
 
@@ -78,14 +79,17 @@ def test_a_worker_stopped_in_the_middle_of_batches_loses_no_child(
         assert status.state is dtask.RunState.SUCCEEDED, status.error
         seen = written(sink, run.id)
         assert set(seen) == set(range(6000))
-        # at most the child each killed pool process was running when it died runs twice
-        assert sum(seen.values()) - 6000 <= (2 if how is signal.SIGKILL else 0), seen.most_common(3)
+        # a killed pool process's message runs again from its first child whose success was
+        # not written yet: at most a message's children each (batch.Held); a drain writes
+        # them before it hands the rest over
+        again = sum(seen.values()) - 6000
+        assert again <= (2 * MAX_BATCH if how is signal.SIGKILL else 0), seen.most_common(3)
         # a message's children are claimed together, but an attempt counts only once a child
-        # starts: the stopped worker spent at most the attempt of the child each of its two
-        # pool processes was running (a drain too: SIGTERM between two tasks ends a pool
-        # process as billiard's handler does)
-        again = [(i, attempt) for i, _, attempt in children(run.id) if attempt > 1]
-        assert len(again) <= 2, again
+        # starts (or, taken for the first time, as it ends): the stopped worker spent at most
+        # the attempt of the child each of its two pool processes was running (a drain too:
+        # SIGTERM between two tasks ends a pool process as billiard's handler does)
+        spent = [(i, attempt) for i, _, attempt in children(run.id) if attempt > 1]
+        assert len(spent) <= 2, spent
         print(f"\nrecovered {time.monotonic() - stopped_at:.1f} s after the {how.name}")
     finally:
         for w in started:
