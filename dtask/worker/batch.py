@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -24,11 +25,13 @@ from celery.exceptions import Ignore
 from dtask import services
 from dtask.db import Claim, Finished, Redispatch
 from dtask.db.children import lease_lost
+from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain, links
 from dtask.worker.dispatch import CHILDREN, publish
 from dtask.worker.lifecycle import (
+    Writes,
     finalize_if_last,
     hand_over,
     note_time,
@@ -74,51 +77,69 @@ UNWRITTEN_FOR = 0.25
 
 class Held:
     """The successes of a message's children not written yet. Each is written with the next
-    child's start that writes, or with the others at the message's end (``flush``), in one
-    statement: a message of short children first taken makes four statements, not two per
-    child. A worker killed in between runs those children again (each is counted once: the
-    writes are fenced), and spends no attempt: one taken for the first time counts its
-    attempt with its success or failure, and its next take counts as it starts."""
+    child's start that writes, the running child's first heartbeat, or the message's end
+    (``flush``), in one statement: a message of short children first taken makes four
+    statements, not two per child. A worker killed in between runs those children again
+    (each is counted once: the writes are fenced), and spends no attempt: one taken for the
+    first time counts its attempt with its success or failure, and its next take counts as
+    it starts. Used by the pool process's thread and its child's heartbeat thread."""
 
     def __init__(self, claimed_at: float) -> None:
         self.claimed_at = claimed_at
         self.children: list[Redispatch] = []
         self.done: list[Finished] = []
+        self._lock = threading.Lock()
+
+    def writes(self, child: Redispatch) -> Writes:
+        return Writes(self.start, functools.partial(self.hold, child), self.renew)
 
     def hold(self, child: Redispatch, claim: Claim, checkpoint: Any, result: str | None) -> None:
-        self.children.append(child)
-        self.done.append(Finished(claim, checkpoint, result))
+        with self._lock:
+            self.children.append(child)
+            self.done.append(Finished(claim, checkpoint, result))
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         config = services.current().settings
         window = min(UNWRITTEN_FOR, config.heartbeat_interval / 2)
         if not claim.counted and time.monotonic() - self.claimed_at < window:
             return claim
-        finished, started = services.store().children.write_batch(self.done, claim, lease_ttl)
-        self._written(finished)
+        with self._lock:
+            finished, started = services.store().children.write_batch(self.done, claim, lease_ttl)
+            self._written(finished)
         return started
+
+    def renew(self, claim: Claim, lease_ttl: float) -> RunState | None:
+        """The running child's heartbeat writes the successes held before it first: their
+        leases run from the message's claim, and this child may take longer than they do."""
+        children = services.store().children
+        with self._lock:
+            if self.done:
+                with contextlib.suppress(DatabaseUnavailable):  # the message's end tries again
+                    self._written(children.write_batch(self.done, None, lease_ttl)[0])
+        return children.renew_lease(claim, lease_ttl)
 
     def flush(self) -> None:
         """Write the held successes. Never raises: children whose successes cannot be written
         are sent again, as ``run_child`` sends one whose finish met an unreachable
         PostgreSQL."""
-        if not self.done:
-            return
         ttl = services.current().settings.lease_ttl
-        try:
-            finished, _ = patiently(
-                lambda: services.store().children.write_batch(self.done, None, ttl), ttl
-            )
-        except DatabaseUnavailable as exc:
-            links.cut_off()
-            log.warning(
-                "run %s: %s finished children not written: %s; sending them again in %g s",
-                self.children[0].run_id, len(self.children), exc, ttl,
-            )  # fmt: skip
-            publish(self.children, countdown=ttl)
-            self.children, self.done = [], []
-        else:
-            self._written(finished)
+        with self._lock:
+            if not self.done:
+                return
+            try:
+                finished, _ = patiently(
+                    lambda: services.store().children.write_batch(self.done, None, ttl), ttl
+                )
+            except DatabaseUnavailable as exc:
+                links.cut_off()
+                log.warning(
+                    "run %s: %s finished children not written: %s; sending them again in %g s",
+                    self.children[0].run_id, len(self.children), exc, ttl,
+                )  # fmt: skip
+                publish(self.children, countdown=ttl)
+                self.children, self.done = [], []
+            else:
+                self._written(finished)
 
     def _written(self, finished: set[int]) -> None:
         for child, done in zip(self.children, self.done, strict=True):
@@ -178,7 +199,7 @@ def children(
                 try:
                     seconds = run_child(
                         InBatch(child, pre), run_id, child.index, template, spec, False, pre,
-                        finish=functools.partial(held.hold, child), start=held.start,
+                        held.writes(child),
                     )  # fmt: skip
                 except (Ignore, ChildFailed, Resent):
                     continue

@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from celery.exceptions import Ignore
@@ -51,8 +52,19 @@ T = TypeVar("T")
 
 # a claimed child's success written: (its claim, its last checkpoint, its result as JSON text)
 Finish = Callable[[Claim, Any | None, str | None], None]
-# a child taken ahead starts: (its claim, the lease) -> the claim with its attempt counted
+# a child taken ahead starts, or a running child's lease is renewed: (its claim, the lease)
 Start = Callable[[Claim, float], Claim | None]
+Renew = Callable[[Claim, float], RunState | None]
+
+
+@dataclass(frozen=True)
+class Writes:
+    """Where a child's message writes its start, success or heartbeat its own way (a batch
+    holds successes, a one-child run finishes with its run); None: ``children``'s own."""
+
+    start: Start | None = None
+    finish: Finish | None = None
+    renew: Renew | None = None
 
 
 class ChildWrites(Protocol):
@@ -120,15 +132,13 @@ def run_child(
     spec: dict[str, Any],
     finalize: bool = True,
     taken_ahead: Claim | None = None,
-    finish: Finish | None = None,
-    start: Start | None = None,
+    writes: Writes = Writes(),
 ) -> float | None:
     """Claim, run and finish one child, wherever its message came from; with ``finalize``,
     then finalize its run if it was the last (a batch asks once, after its last child).
     ``taken_ahead``: the child was claimed with its message's others, or by its master's
-    split (it only starts here), and ``start`` how it starts (else ``children.start``).
-    ``finish``: how its success is written (else ``children.finish``). The seconds it took
-    from claim to finish, or None where it did not run to its end."""
+    split (it only starts here). The seconds it took from claim to finish, or None where it
+    did not run to its end."""
     config = services.current().settings
     began = time.monotonic()
     try:
@@ -152,7 +162,7 @@ def run_child(
         claimed_at = time.monotonic()  # the lease runs from no earlier than this
         taken: Claim | Refusal | None = None
         if taken_ahead is not None:
-            ahead, starts = taken_ahead, start or store.children.start
+            ahead, starts = taken_ahead, writes.start or store.children.start
             taken = patiently(lambda: starts(ahead, config.lease_ttl), config.lease_ttl)
         if taken is None:
             taken = patiently(
@@ -164,7 +174,7 @@ def run_child(
             _refused(delivery, run_id, index, taken)
             return None
         _run_claimed(
-            delivery, store, taken, run_id, index, template, spec, config, claimed_at, finish
+            delivery, store, taken, run_id, index, template, spec, config, claimed_at, writes
         )
         took = time.monotonic() - began
         if finalize:
@@ -224,13 +234,14 @@ def _run_claimed(
     spec: dict[str, Any],
     config: Settings,
     claimed_at: float,
-    finish: Finish | None = None,
+    writes: Writes,
 ) -> None:
     tpl = registry.get(template)
-    finished = finish or store.children.finish
+    finished = writes.finish or store.children.finish
+    renew = writes.renew or store.children.renew_lease
     cap = _Cap(claim.execution_cap or tpl.options.execution_cap, run_id, index, claim.attempt)
     beat = Heartbeat(
-        lambda: store.children.renew_lease(claim, config.lease_ttl),
+        lambda: renew(claim, config.lease_ttl),
         config.heartbeat_interval,
         name=f"{run_id}.{index}",
         give_up_at=cap.deadline + config.execution_cap_grace,

@@ -40,6 +40,7 @@ from dtask.worker.dispatch import (
     send_chord,
 )
 from dtask.worker.lifecycle import (
+    Writes,
     hand_over,
     note_time,
     noted,
@@ -180,7 +181,7 @@ class Here:
                 self.retry(0.0)
             took = run_child(
                 self, self.run_id, self.index, self.template, self.claim.spec, False,
-                taken_ahead=self.claim, finish=self.finish if alone else None,
+                taken_ahead=self.claim, writes=Writes(finish=self.finish if alone else None),
             )  # fmt: skip
         except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
             return

@@ -5,6 +5,7 @@ fenced on its own and counts its attempt once. Run in this process, on the real 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -132,3 +133,41 @@ def test_children_taken_before_count_their_attempts_as_they_start(
     writes = [s for s in statements if "attempt = attempt + 1" in s and "dtask_children" in s]
     assert len(writes) == n + 1
     assert children(run_id) == [(i, "succeeded", 1) for i in range(n)]
+
+
+@dtask.template(
+    "long_after_short",
+    params={"n": int},
+    skeleton={"n": "${n}"},
+    split=lambda r: [{"i": i} for i in range(r["n"])],
+)
+def long_after_short(ctx: dtask.ChildContext, i: int) -> bool:
+    """The last child outlasts a heartbeat: whether it saw the others' successes written
+    while it ran."""
+    if i < 3:
+        return True
+    deadline = time.monotonic() + 4 * services.current().settings.heartbeat_interval
+    while time.monotonic() < deadline:
+        if [s for _, s, _ in children(ctx.run_id)[:3]] == ["succeeded"] * 3:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_long_child_writes_the_successes_held_before_it_with_its_heartbeat(
+    store: Store,
+) -> None:
+    """Held successes' leases run from the message's claim: a child that runs longer than
+    they last must not leave them unwritten (they would be taken and run again elsewhere)."""
+    run_id, _ = store.runs.create("long_after_short", f"test:{uuid.uuid4()}", {"n": 4}, 1, None)
+    plan = [{"i": i} for i in range(4)]
+    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+    items = [[i, spec] for i, spec in enumerate(plan)]
+    children_message.apply(args=(run_id, "long_after_short", f"group-{uuid.uuid4()}", None, items))
+    assert children(run_id) == [(i, "succeeded", 1) for i in range(4)]
+    with store.db.tx() as conn:
+        saw = conn.execute(
+            text("SELECT result FROM dtask_children WHERE run_id = :r AND index = 3"),
+            {"r": run_id},
+        ).scalar_one()
+    assert saw is True
