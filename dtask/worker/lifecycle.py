@@ -234,7 +234,7 @@ def _run_claimed(
     spec: dict[str, Any],
     config: Settings,
     claimed_at: float,
-    writes: Writes,
+    writes: Writes = Writes(),
 ) -> None:
     tpl = registry.get(template)
     finished = writes.finish or store.children.finish
