@@ -52,6 +52,13 @@ def _checked_url(url: str, example: str) -> str:
     return scheme.lower()
 
 
+# Upper bounds of settings (docs/security.md): a duration past them is a typo, and each one
+# is added to now() somewhere (a lease's expiry, an alert's horizon), which must stay a moment
+# PostgreSQL and psycopg both read; sizes stay below what one JSONB value holds (255 MB).
+_HOUR, _DAY, _YEAR = 3600.0, 86400.0, 366 * 86400.0
+_MAX_JSON = 64 * 1024 * 1024
+
+
 def _default_backend(data: dict[str, Any]) -> str | None:
     broker = data.get("broker_url")
     return broker if broker is not None and is_redis(broker) else None
@@ -69,41 +76,53 @@ class Settings(BaseSettings):
     broker_url: str | None = None
     result_backend: str | None = Field(default_factory=_default_backend)
     templates: Annotated[tuple[str, ...], NoDecode] = ()
-    max_children: int = Field(100_000, ge=1)
-    max_child_result: int = Field(65_536, ge=0)  # bytes of JSON a child function may return
-    max_run_result: int = Field(1_048_576, ge=0)  # bytes of JSON a template's reduce may return
-    max_variables: int = Field(1_048_576, ge=2)  # bytes of JSON of one run's variables
-    max_child_spec: int = Field(65_536, ge=2)  # bytes of JSON of one child's spec (its kwargs)
-    max_checkpoint: int = Field(1_048_576, ge=2)  # bytes of JSON of one checkpoint
-    split_timeout: float = Field(30.0, gt=0)  # seconds a template's split may take
-    retention: float = Field(30.0, ge=0)  # days a finished run is kept (0: for ever)
-    lease_ttl: float = Field(8.0, ge=1.0)
+    max_children: int = Field(100_000, ge=1, le=100_000_000)
+    max_child_result: int = Field(
+        65_536, ge=0, le=_MAX_JSON
+    )  # bytes of JSON a child function may return
+    max_run_result: int = Field(
+        1_048_576, ge=0, le=_MAX_JSON
+    )  # bytes of JSON a template's reduce may return
+    max_variables: int = Field(
+        1_048_576, ge=2, le=_MAX_JSON
+    )  # bytes of JSON of one run's variables
+    max_child_spec: int = Field(
+        65_536, ge=2, le=_MAX_JSON
+    )  # bytes of JSON of one child's spec (its kwargs)
+    max_checkpoint: int = Field(1_048_576, ge=2, le=_MAX_JSON)  # bytes of JSON of one checkpoint
+    split_timeout: float = Field(30.0, gt=0, le=_HOUR)  # seconds a template's split may take
+    retention: float = Field(30.0, ge=0, le=36_500)  # days a finished run is kept (0: for ever)
+    lease_ttl: float = Field(8.0, ge=1.0, le=_DAY)
     heartbeat_interval: float = Field(
-        default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1
+        default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1, le=_DAY
     )
-    reaper_interval: float = Field(1.0, ge=0.1)
-    stall_timeout: float = Field(15.0, ge=1.0)
-    resend_batch: int = Field(100, ge=1)
+    reaper_interval: float = Field(1.0, ge=0.1, le=_HOUR)
+    stall_timeout: float = Field(15.0, ge=1.0, le=_DAY)
+    resend_batch: int = Field(100, ge=1, le=100_000)
     dispatch: Literal["all", "window"] = "window"
-    dispatch_window: int | None = Field(None, ge=1)
+    dispatch_window: int | None = Field(None, ge=1, le=1_000_000)
     dispatch_interval: float = Field(0.05, ge=0.005, le=5.0)
-    drain_grace: float = Field(5.0, ge=0.0)
-    execution_cap_grace: float = Field(5.0, ge=0.0)
-    checkpoint_interval: float = Field(1.0, ge=0.0)
-    checkpoint_every: int = Field(10_000, ge=1)
-    retry_delay: float = Field(1.0, ge=0.0)
-    network_timeout: float = Field(8.0, ge=1.0)
-    db_statement_timeout: float = Field(60.0, ge=0.0)
-    db_lock_timeout: float = Field(30.0, ge=0.0)
-    db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0)
+    drain_grace: float = Field(5.0, ge=0.0, le=_HOUR)
+    execution_cap_grace: float = Field(5.0, ge=0.0, le=_HOUR)
+    checkpoint_interval: float = Field(1.0, ge=0.0, le=_DAY)
+    checkpoint_every: int = Field(10_000, ge=1, le=2**31 - 1)
+    retry_delay: float = Field(1.0, ge=0.0, le=_DAY)
+    network_timeout: float = Field(8.0, ge=1.0, le=_HOUR)
+    db_statement_timeout: float = Field(60.0, ge=0.0, le=_DAY)
+    db_lock_timeout: float = Field(30.0, ge=0.0, le=_DAY)
+    db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0, le=_DAY)
     db_pool: int = Field(4, ge=2, le=1000)  # connections per engine of a process (docs/security.md)
     flower_auth: SecretStr | None = None
     # Alerts (the monitor in every worker and `dtask serve`): thresholds in seconds.
-    idle_alert: float = Field(900.0, gt=0)  # a worker with no child this long: remove it?
-    stall_alert: float = Field(600.0, gt=0)  # an unfinished run where nothing changed
-    misfire_alert: float = Field(3600.0, gt=0)  # a missed schedule slot stays an alert
-    worker_forget: float = Field(3600.0, gt=0)  # a silent worker's row (and alert) is dropped
+    idle_alert: float = Field(900.0, gt=0, le=_YEAR)  # a worker with no child this long: remove it?
+    stall_alert: float = Field(600.0, gt=0, le=_YEAR)  # an unfinished run where nothing changed
+    misfire_alert: float = Field(3600.0, gt=0, le=_YEAR)  # a missed schedule slot stays an alert
+    worker_forget: float = Field(
+        3600.0, gt=0, le=_YEAR
+    )  # a silent worker's row (and alert) is dropped
     alert_webhook: SecretStr | None = None  # POSTed each alert as it opens and closes
+    # a run's notify_url may reach loopback, private, link-local... addresses (docs/security.md)
+    notify_allow_private: bool = False
 
     @field_validator("home")
     @classmethod
@@ -307,6 +326,11 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
     "DTASK_MISFIRE_ALERT": ("3600", "seconds a missed schedule slot stays an alert"),
     "DTASK_WORKER_FORGET": ("3600", "seconds before a silent worker (and its alert) is dropped"),
     "DTASK_ALERT_WEBHOOK": ("", "URL POSTed each alert as it opens and closes (never logged)"),
+    "DTASK_NOTIFY_ALLOW_PRIVATE": (
+        "0",
+        "1: a run's notify_url may be a loopback, private, link-local or other non-global"
+        " address (the alert webhook always may)",
+    ),
 }
 
 

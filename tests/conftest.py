@@ -52,6 +52,7 @@ def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         DTASK_TEMPLATES="tests.support.templates",
         DTASK_TEST_SINK=str(sink),
         DTASK_RETRY_DELAY="0.2",
+        DTASK_NOTIFY_ALLOW_PRIVATE="1",  # tests' webhook receivers listen on 127.0.0.1
         PYTHONPATH=str(REPO),
     )
     services.reset()

@@ -86,11 +86,19 @@ def _bad_request(request: Request, exc: Exception) -> JSONResponse:
             status_code=415,
         )  # fmt: skip
     fields = {
-        ".".join(str(p) for p in err["loc"] if p != "body") or "body": err["msg"]
+        ".".join(_shown(p) for p in err["loc"] if p != "body") or "body": _shown(err["msg"])
         for err in exc.errors()
     }
     first = next(iter(fields.items()))
     return JSONResponse({"error": f"{first[0]}: {first[1]}", "fields": fields}, status_code=422)
+
+
+def _shown(part: object) -> str:
+    """A field's name or message as one short line: a body's keys are the caller's text."""
+    text = str(part)
+    if not text.isprintable() or len(text) > 80:
+        text = repr(text[:60]) + ("..." if len(text) > 60 else "")
+    return text
 
 
 def _http(_: Request, exc: Exception) -> JSONResponse:

@@ -1,5 +1,5 @@
 """``GET /metrics`` in Prometheus' text format (admin tokens), built at scrape time from
-PostgreSQL by a collector of prometheus-client; ``GET /api/v1/alerts``."""
+PostgreSQL by a collector of prometheus-client; ``GET /api/v1/alerts`` (what the token sees)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,10 @@ async def metrics(token: Admin) -> Response:
 
 @alerts.get("/alerts")
 async def list_alerts(token: Caller) -> list[dict[str, Any]]:
-    """Open alerts, oldest first."""
-    found = await run_in_threadpool(services.store().alerts.open)
+    """Open alerts, oldest first: all of them for an admin token; for a client's token those
+    about its own runs and the cluster's (workers), never another client's run nor a
+    schedule (docs/monitoring.md)."""
+    found = await run_in_threadpool(
+        services.store().alerts.open, None if token.admin else token.client
+    )
     return [a.as_json() for a in found]

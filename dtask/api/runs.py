@@ -40,7 +40,9 @@ class RunRequest(BaseModel):
         None, max_length=MAX_UPSTREAMS, description="ids of runs it waits for (to succeed)"
     )
     after_keys: list[str] | None = Field(
-        None, max_length=MAX_UPSTREAMS, description="trigger keys of runs it waits for"
+        None,
+        max_length=MAX_UPSTREAMS,
+        description="trigger keys of runs it waits for (the submitting client's runs)",
     )
     notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
 
@@ -57,12 +59,13 @@ def _visible(token: Token, run_id: int) -> RunStatus:
     return status
 
 
-def _upstreams(token: Token, body: RunRequest) -> list[int | str]:
+def _upstreams(token: Token, body: RunRequest, client: str) -> list[int | str]:
     """The runs named in ``after`` and ``after_keys``, checked in one query; one that does
-    not exist and another client's are answered alike."""
+    not exist and another client's are answered alike. A key names a run of ``client``, the
+    one submitting (as the submit resolves it), so another client's key is an unknown one."""
     after: list[int | str] = [*(body.after or []), *(body.after_keys or [])]
     if after and not token.admin:
-        owners = services.store().runs.clients_of(body.after or [], body.after_keys or [])
+        owners = services.store().runs.clients_of(body.after or [], body.after_keys or [], client)
         for named in after:
             if named not in owners or not token.sees(owners[named]):
                 raise UpstreamNotFound(f"after: no run {named!r} (by id or trigger key) of yours")
@@ -77,15 +80,15 @@ def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
         body.template, body.variables, body.key,
         execution_cap=body.execution_cap, client=client, priority=body.priority,
         delay_tolerance=body.delay_tolerance, on_late=body.on_late, tier=body.tier,
-        notify_url=body.notify_url, after=_upstreams(token, body) or None,
+        notify_url=body.notify_url, after=_upstreams(token, body, client) or None,
     )  # fmt: skip
-    status = _visible(token, run.id)  # a known key of another client's run: not found
-    return status, run.created
+    return _visible(token, run.id), run.created  # the key is the client's: its own run
 
 
 @router.post("", status_code=201)
 async def create_run(body: RunRequest, token: Caller, response: Response) -> dict[str, Any]:
-    """Submit a run: 201 with it, or 200 with the run a known key already triggered."""
+    """Submit a run: 201 with it, or 200 with the run the client's key already triggered (a
+    key is the client's own: another client's run of the same key is another run)."""
     status, created = await run_in_threadpool(_create, token, body)
     if not created:
         response.status_code = 200

@@ -29,7 +29,10 @@ def register(sub: Any) -> None:
     submit.set_defaults(handler=_cmd_submit)
     submit.add_argument("template")
     submit.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
-    submit.add_argument("--key", help="trigger key: a second submit with it returns the same run")
+    submit.add_argument(
+        "--key",
+        help="trigger key: a second submit with it (same --client) returns the same run",
+    )
     submit.add_argument(
         "--execution-cap",
         metavar="SECONDS",
@@ -70,7 +73,7 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY",
-        help="wait for the run this trigger key started (repeatable)",
+        help="wait for the run this trigger key of --client started (repeatable)",
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")

@@ -171,7 +171,8 @@ def submit(
     queue: str | None = None,
     after: Iterable[int | str | RunHandle] | None = None,
 ) -> Run:
-    """Trigger ``template`` once per ``key`` (a fresh key if None); return the run.
+    """Trigger ``template`` once per ``key`` of ``client`` (a fresh key if None); return the
+    run. A key is the client's own: another client's run of the same key is another run.
 
     ``execution_cap`` (seconds) overrides the template's cap on each child's attempts;
     ``delay_tolerance`` (seconds) and ``on_late`` ("run" or "fail") the template's deadline
@@ -182,9 +183,10 @@ def submit(
     of the run's JSON when it finishes, signed with the client's secret (docs/api.md).
     ``countdown`` (seconds) or ``eta`` (a datetime; naive means UTC) hold its start back, as
     Celery's ``apply_async`` does; ``queue`` sends its children to another queue than the
-    template's. ``after`` names runs (ids, ``Run`` handles, or trigger keys as strings)
-    it waits for: it is ``waiting`` until they all succeed, and fails if one fails or is
-    cancelled (UpstreamNotFound for a run that does not exist; see docs/dependencies.md).
+    template's. ``after`` names runs (ids, ``Run`` handles, or trigger keys as strings, which
+    name runs of ``client``) it waits for: it is ``waiting`` until they all succeed, and fails
+    if one fails or is cancelled (UpstreamNotFound for a run that does not exist; see
+    docs/dependencies.md).
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
     """
@@ -203,7 +205,7 @@ def submit(
     late_policy = tpl.options.on_late if on_late is None else on_late_of(on_late, where)
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
-    check_url(notify_url)
+    check_url(notify_url, allow_private=config.notify_allow_private)
     if key is not None:
         check_key(key, where)
     start_at, start_in = check_start(countdown, eta, where)
@@ -217,7 +219,7 @@ def submit(
     )  # fmt: skip
     _, children = tpl.count(checked, config.max_children)
     store = services.store()
-    upstreams = _upstreams(store, after, where)
+    upstreams = _upstreams(store, after, where, client)
     trigger = key or f"adhoc:{uuid.uuid4()}"
     run = store.runs.create_run(
         template=tpl.name,
@@ -257,15 +259,16 @@ def submit(
 
 
 def _upstreams(
-    store: Store, after: Iterable[int | str | RunHandle] | None, where: str
+    store: Store, after: Iterable[int | str | RunHandle] | None, where: str, client: str
 ) -> tuple[int, ...]:
+    """The runs ``after`` names; its trigger keys name runs of ``client``, the submitter."""
     if after is None:
         return ()
     if isinstance(after, str | int) or hasattr(after, "id"):
         after = [after]  # type: ignore[list-item]
     named = list(after)
     keys = [a for a in named if isinstance(a, str)]
-    ids = store.runs.ids_by_key(keys) if keys else {}
+    ids = store.runs.ids_by_key(keys, client) if keys else {}
     return check_after(
         [ids[a] if isinstance(a, str) else getattr(a, "id", a) for a in named], where
     )

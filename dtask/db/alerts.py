@@ -7,15 +7,27 @@ alert is the only one to log and post it, so each is reported once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import Connection
 
 from dtask.db.database import Database, sql
-from dtask.domain.alerts import Alert, AlertKind, Facts, RunFact, ScheduleFact, WorkerFact
+from dtask.domain.alerts import (
+    Alert,
+    AlertKind,
+    Facts,
+    RunFact,
+    ScheduleFact,
+    Scope,
+    WorkerFact,
+    kinds_of,
+)
+from dtask.exceptions import LeaseLost
 
 MONITOR_LOCK = 0x64746E
+HOLD = 10.0  # seconds the monitor's turn may sit idle (its statements take milliseconds)
 _UNFINISHED = "('pending', 'splitting', 'running')"
 
 
@@ -59,7 +71,7 @@ class AlertStore:
         alerts in step with ``holding(facts)``. None when another monitor holds the turn (it
         reads nothing: the facts read unfinished runs' children). A run's quiet time is
         exact where it exceeds ``stalled_after``, capped below it otherwise (see _facts)."""
-        with self.db.tx() as conn:
+        with self._turn_held() as conn:
             if not _turn(conn):
                 return None
             return _sync(conn, holding(_facts(conn, forget_workers_after, stalled_after)))
@@ -67,18 +79,37 @@ class AlertStore:
     def sync(self, holding: list[Alert]) -> Changes | None:
         """Open the alerts in ``holding`` not open yet, refresh the messages of those still
         holding, close the others. None if another monitor is in a pass."""
-        with self.db.tx() as conn:
+        with self._turn_held() as conn:
             if not _turn(conn):
                 return None
             return _sync(conn, holding)
 
-    def open(self) -> list[OpenAlert]:
+    def _turn_held(self) -> AbstractContextManager[Connection]:
+        """The monitor's turn, lost once it sits idle HOLD seconds (a frozen monitor stops no
+        other monitor for longer)."""
+        return self.db.held(HOLD, LeaseLost("the monitor's turn ended: held past its limit"))
+
+    def open(self, client: str | None = None) -> list[OpenAlert]:
+        """The open alerts, oldest first: every one (None: an admin's view), or those a token
+        of ``client`` sees (:data:`dtask.domain.alerts.SCOPES`): the cluster's, and those
+        about runs of ``client``; never another client's run, nor a schedule."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT id, kind, subject, message, opened_at FROM dtask_alerts"
-                    " WHERE closed_at IS NULL ORDER BY opened_at, id"
-                )
+                    "SELECT a.id, a.kind, a.subject, a.message, a.opened_at FROM dtask_alerts a"
+                    " WHERE a.closed_at IS NULL AND (CAST(:client AS text) IS NULL"
+                    "   OR a.kind = ANY(CAST(:cluster AS text[]))"
+                    "   OR (a.kind = ANY(CAST(:about_runs AS text[])) AND EXISTS (SELECT 1"
+                    "     FROM dtask_runs r WHERE r.client = CAST(:client AS text)"
+                    "     AND r.id = CAST(CASE WHEN a.subject ~ '^[0-9]{1,18}$'"
+                    "       THEN a.subject END AS bigint))))"
+                    " ORDER BY a.opened_at, a.id"
+                ),
+                {
+                    "client": client,
+                    "cluster": kinds_of(Scope.CLUSTER),
+                    "about_runs": kinds_of(Scope.RUN),
+                },
             ).all()
         return [OpenAlert(*r) for r in rows]
 

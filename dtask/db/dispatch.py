@@ -17,6 +17,7 @@ from dtask.db.database import DISPATCH_LOCK, Database, sql
 from dtask.db.recovery import Redispatch, redispatch_from_row
 from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share
+from dtask.exceptions import LeaseLost
 
 RUNS_PER_CLIENT = 200  # a client's runs of one template in one queue a pass reads at most
 
@@ -162,16 +163,29 @@ class DispatchPass:
         return sorted((redispatch_from_row(r) for r in rows), key=lambda c: c.index)
 
 
+HOLD = 8.0  # seconds a turn may sit idle unless told: DTASK_LEASE_TTL's default
+
+
 class DispatchStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
     @contextmanager
-    def turn(self, wait: float = 0.0) -> Iterator[DispatchPass | None]:
+    def turn(self, hold_for: float = HOLD, wait: float = 0.0) -> Iterator[DispatchPass | None]:
         """A pass if this caller gets the dispatcher's turn within ``wait`` seconds (None
-        otherwise); what it takes is committed when the block ends without an exception."""
+        otherwise); what it takes is committed when the block ends without an exception.
+
+        A holder that hangs (SIGSTOP, swap, a paused VM) would stop dispatch everywhere: it
+        loses its turn once its transaction has sat idle ``hold_for`` seconds (see
+        ``Database.held``), another worker's pass takes over, and the woken holder gets
+        LeaseLost with nothing of its pass recorded (what it published is sent again; a
+        claim's fence drops the copy)."""
+        lost = LeaseLost(
+            "the dispatcher's turn ended: held past its limit (this worker was paused, or the"
+            " pass ran long); another worker dispatches now"
+        )
         deadline = time.monotonic() + wait
-        with self.db.tx() as conn:
+        with self.db.held(hold_for, lost) as conn:
             while True:
                 mine = conn.execute(
                     sql("SELECT pg_try_advisory_xact_lock(:ns, 0)"), {"ns": DISPATCH_LOCK}

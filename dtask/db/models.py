@@ -62,6 +62,14 @@ def _one_of(
 
 
 _PERIODS = ", ".join(f"'{p}'" for p in PERIODS)
+# psycopg and datetime read no moment past 9999 (in any session time zone): PostgreSQL refuses
+# to store one, so a value past the bounds of dtask.domain.limits fails its own insert, never
+# every later read (migration 0027)
+_READABLE = "'9999-01-01 00:00:00+00'"
+
+
+def _readable(*columns: str) -> list[CheckConstraint]:
+    return [CheckConstraint(f"{c} < {_READABLE}", name=f"{c}_readable") for c in columns]
 
 
 class Base(DeclarativeBase):
@@ -73,7 +81,7 @@ class RunRow(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     template: Mapped[str] = mapped_column(String(100))
-    trigger_key: Mapped[str] = mapped_column(String(300), unique=True)
+    trigger_key: Mapped[str] = mapped_column(String(300))  # unique per client (see below)
     variables: Mapped[dict[str, Any]] = mapped_column(JSONB)
     state: Mapped[str] = mapped_column(String(16), server_default=RunState.PENDING.value)
     max_attempts: Mapped[int] = mapped_column(Integer)
@@ -114,7 +122,11 @@ class RunRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (
+        # a trigger key is the client's own: one run per (client, key); its index serves every
+        # lookup by key, each within a client
+        UniqueConstraint("client", "trigger_key"),
         CheckConstraint(_one_of(RunState), name="state"),
+        *_readable("deadline", "start_after", "slot"),
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
         Index("ix_dtask_runs_id_waiting", "id", postgresql_where=text("state = 'waiting'")),
@@ -239,6 +251,7 @@ class ScheduleRow(Base):
         CheckConstraint(_one_of(OnLate, "on_late"), name="on_late"),
         CheckConstraint(_one_of(Misfire, "misfire"), name="misfire"),
         CheckConstraint(_one_of(Overlap, "overlap"), name="overlap"),
+        *_readable("next_due_at", "decided_until", "start_at", "end_at"),
         Index("ix_dtask_schedules_next_due_at", "next_due_at", postgresql_where=text("enabled")),
     )
 

@@ -1,5 +1,6 @@
-"""Creating runs: once per trigger key, charged to a client, pending or waiting for the runs
-it was submitted after (see :mod:`dtask.db.deps`)."""
+"""Creating runs: once per trigger key of a client (two clients' keys never meet), charged to
+that client, pending or waiting for the runs it was submitted after (see
+:mod:`dtask.db.deps`)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ _START = (
     " clock_timestamp() + make_interval(secs => CAST(:start_in AS double precision)))"
 )
 
-# Inserts the run unless its key exists, or ``{guard}`` is false; returns what a submit needs
+# Inserts the run unless its client has a run of its key, or ``{guard}`` is false; returns what a
+# submit needs
 _INSERT = (
     "INSERT INTO dtask_runs"
     " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
@@ -70,7 +72,7 @@ _INSERT = (
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
     " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END"
     " WHERE {guard}"
-    " ON CONFLICT (trigger_key) DO NOTHING RETURNING id, state, priority,"
+    " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
 )
 _INSERT_ALWAYS = sql(_INSERT.format(guard="true"))
@@ -112,9 +114,9 @@ def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
 
 
 def insert_run(conn: Connection, run: NewRun) -> int | None:
-    """Insert a run unless its trigger key exists (exactly once per key): its id, or None when
-    the key was taken. It is pending, or waiting for its unfinished upstreams, or failed at
-    once when one of them failed or was cancelled."""
+    """Insert a run unless its client has a run of its trigger key (exactly once per client and
+    key): its id, or None when the key was taken. It is pending, or waiting for its unfinished
+    upstreams, or failed at once when one of them failed or was cancelled."""
     created = _insert(conn, run)
     return None if created is None else created.id
 
@@ -157,12 +159,14 @@ class RunInserts(RunReads):
         start_in: float | None = None,
         after: Sequence[int] = (),
     ) -> tuple[int, bool]:
-        """Insert a run for ``key`` unless one exists. Returns (run id, created).
+        """Insert a run for ``key`` unless ``client`` has one. Returns (run id, created).
 
-        A new run is charged to ``client`` (RateLimited when its rate limits refuse it); a
-        known key returns its run and costs nothing. Its children go to the queue of the
-        tier it gets (``tier``, capped by the client's). With ``after`` (existing runs'
-        ids; UpstreamNotFound otherwise) it waits for them (see :mod:`dtask.db.deps`)."""
+        A key is the client's own: another client's run of the same key is neither returned
+        nor in the way. A new run is charged to ``client`` (RateLimited when its rate limits
+        refuse it); a key the client knows returns its run and costs nothing. Its children go
+        to the queue of the tier it gets (``tier``, capped by the client's). With ``after``
+        (existing runs' ids; UpstreamNotFound otherwise) it waits for them (see
+        :mod:`dtask.db.deps`)."""
         got = self.create_run(
             template, key, variables, max_attempts, queue, execution_cap, client=client,
             priority=priority, expected_children=expected_children,
@@ -212,18 +216,18 @@ class RunInserts(RunReads):
                 return created
         try:
             with self.db.tx() as conn:
-                existing = self._by_key(conn, key)
+                existing = self._by_key(conn, client, key)
                 if existing is None:
                     charged, present = lock_client(conn, client)
                     self._remember(charged, present)
                     # a submit of the same key may have committed while this one waited
-                    existing = self._by_key(conn, key)
+                    existing = self._by_key(conn, client, key)
                 if existing is None:
                     check_rates(conn, charged, expected_children)
                     created = _insert(conn, new_run(charged))
                     if created is not None:
                         return created
-                    existing = self._by_key(conn, key)
+                    existing = self._by_key(conn, client, key)
                 assert existing is not None
                 existing_after = deps.upstreams_of(conn, existing.id)
         except RateLimited:  # counted once its transaction is rolled back
@@ -238,7 +242,7 @@ class RunInserts(RunReads):
             )
             if not same
         ]
-        if differs:  # its variables are not shown: they may be another client's data
+        if differs:  # the client's own run (its variables are not shown all the same)
             raise KeyConflict(
                 f"key {key!r} already triggered run {existing.id} with another"
                 f" {' and '.join(differs)}; use another key for another run"
@@ -254,7 +258,7 @@ class RunInserts(RunReads):
     def _insert_unlimited(self, run: NewRun, client: Client) -> Created | None:
         """The submit of a new key for a client without rate limits, as one statement on an
         autocommit connection (one round trip instead of eleven): the insert happens only if
-        the key is new and the client is still as this process last read it (see
+        the key is new to the client and the client is still as this process last read it (see
         ``_INSERT_UNLIMITED``). None when it did not: the caller takes the full path, which
         tells a known key, a changed client and a missing one apart."""
         params = {
@@ -286,14 +290,15 @@ class RunInserts(RunReads):
             self._unlimited.pop(client.name, None)
 
     @staticmethod
-    def _by_key(conn: Connection, key: str) -> Row[Any] | None:
+    def _by_key(conn: Connection, client: str, key: str) -> Row[Any] | None:
+        """The client's run of ``key``: never another client's."""
         return conn.execute(
             sql(
                 "SELECT id, template, variables, state, priority,"
                 " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
-                " FROM dtask_runs WHERE trigger_key = :key"
+                " FROM dtask_runs WHERE client = :client AND trigger_key = :key"
             ),
-            {"key": key},
+            {"client": client, "key": key},
         ).first()
 
     def forget_unsent(self, run_id: int) -> bool:

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Row
 
 from dtask.db import deps
 from dtask.db.database import Database, sql
-from dtask.domain.clients import Tier
+from dtask.domain.clients import DEFAULT_CLIENT, Tier
 from dtask.domain.deps import Node
 from dtask.domain.runs import ChildCounts, RunState, RunStatus
 from dtask.exceptions import RunNotFound, UpstreamNotFound
@@ -89,29 +89,41 @@ class RunReads:
             raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
         return Graph(run_id, nodes, up, down)
 
-    def clients_of(self, ids: Sequence[int], keys: Sequence[str]) -> dict[int | str, str]:
-        """The client of each run named by id or trigger key (those that exist)."""
+    def clients_of(
+        self, ids: Sequence[int], keys: Sequence[str], client: str
+    ) -> dict[int | str, str]:
+        """The client of each run named by id (those that exist), and ``client`` for each of
+        the trigger keys it has a run of: a key is looked up within ``client`` only (another
+        client's run of the same key is not named by it)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT id, trigger_key, client FROM dtask_runs"
-                    " WHERE id = ANY(:ids) OR trigger_key = ANY(:keys)"
+                    "SELECT id, NULL AS trigger_key, client FROM dtask_runs WHERE id = ANY(:ids)"
+                    " UNION ALL SELECT id, trigger_key, client FROM dtask_runs"
+                    " WHERE client = :client AND trigger_key = ANY(:keys)"
                 ),
-                {"ids": list(ids), "keys": list(keys)},
+                {"ids": list(ids), "keys": list(keys), "client": client},
             ).all()
         found: dict[int | str, str] = {}
         for r in rows:
-            found[int(r.id)] = found[r.trigger_key] = r.client
+            if r.trigger_key is None:
+                found[int(r.id)] = r.client
+            else:
+                found[r.trigger_key] = r.client
         return found
 
-    def ids_by_key(self, keys: Sequence[str]) -> dict[str, int]:
-        """The runs those trigger keys triggered (UpstreamNotFound names a key that none did)."""
+    def ids_by_key(self, keys: Sequence[str], client: str = DEFAULT_CLIENT) -> dict[str, int]:
+        """The runs those trigger keys of ``client`` triggered (UpstreamNotFound names a key
+        that none of its runs has; another client's run of that key does not count)."""
         with self.db.tx() as conn:
             found = {
                 r.trigger_key: int(r.id)
                 for r in conn.execute(
-                    sql("SELECT id, trigger_key FROM dtask_runs WHERE trigger_key = ANY(:keys)"),
-                    {"keys": list(keys)},
+                    sql(
+                        "SELECT id, trigger_key FROM dtask_runs"
+                        " WHERE client = :client AND trigger_key = ANY(:keys)"
+                    ),
+                    {"keys": list(keys), "client": client},
                 )
             }
         missing = [k for k in keys if k not in found]

@@ -1,4 +1,5 @@
-"""The SQL of schedules. A slot fires once because its run's trigger key is unique; a beat pass
+"""The SQL of schedules. A slot fires once because its run's trigger key is unique (per client: a
+schedule's runs are charged to its client, ``default``, whatever other clients' keys); a beat pass
 locks each schedule row it decides (``FOR UPDATE SKIP LOCKED``), so two beats never decide the
 same schedule at once and a beat killed mid-pass decides nothing (its transaction rolls back).
 """
@@ -6,12 +7,15 @@ same schedule at once and a beat killed mid-pass decides nothing (its transactio
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection, Row, text
+from sqlalchemy.exc import DBAPIError
 
 from dtask.db import counters
 from dtask.db.database import Database
@@ -20,6 +24,8 @@ from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate
 from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing, iso
 from dtask.exceptions import DtaskError, InvalidSchedule, ScheduleExists, ScheduleNotFound
+
+log = logging.getLogger("dtask.beat")
 
 _COLUMNS = (
     "s.name, s.template, s.variables, s.cron, s.every_seconds, s.timezone, s.enabled, s.misfire,"
@@ -184,7 +190,8 @@ class ScheduleStore:
                     {"after": after, "chunk": chunk},
                 ).all()
                 for row in rows:
-                    self._decide(conn, row, now, decide, fired)
+                    one = partial(self._decide, conn, row, now, decide)
+                    _isolated(conn, row.name, one, fired)
                 if len(rows) < chunk:
                     fired.next_due = conn.execute(
                         text("SELECT min(next_due_at) FROM dtask_schedules WHERE enabled")
@@ -232,8 +239,9 @@ class ScheduleStore:
             elif run_id is not None:
                 fired.created.append((run_id, run))
             else:
-                run_id = conn.execute(
-                    text("SELECT id FROM dtask_runs WHERE trigger_key = :key"), {"key": run.key}
+                run_id = conn.execute(  # the slot's run, charged to the schedule's client
+                    text("SELECT id FROM dtask_runs WHERE client = :client AND trigger_key = :key"),
+                    {"client": run.client, "key": run.key},
                 ).scalar_one()
                 fired.existing.append((run_id, run))
             last_run = run_id
@@ -275,6 +283,54 @@ class ScheduleStore:
         if row is None:
             raise _not_found(name)
         return _schedule(row)
+
+
+def _isolated(conn: Connection, name: str, decide: Callable[[Fired], None], fired: Fired) -> None:
+    """Decide one schedule under a savepoint: whatever it raises (a run PostgreSQL refuses, a
+    slot past what datetime holds) rolls back only its own writes, is recorded as its
+    ``last_error`` (its alert) and looked at again after BROKEN_AGAIN, and the pass goes on
+    with the other schedules, which it would otherwise have rolled back with it."""
+    one = Fired()
+    try:
+        with conn.begin_nested():
+            decide(one)
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise
+        _broken(conn, name, _one_line(exc.orig if exc.orig is not None else exc))
+        return
+    except Exception as exc:  # one schedule's fault, whatever it is
+        _broken(conn, name, _one_line(exc))
+        return
+    fired.created += one.created
+    fired.held += one.held
+    fired.existing += one.existing
+    fired.decided += one.decided
+
+
+BROKEN_AGAIN = "interval '60 seconds'"  # a schedule that failed its decision is tried again
+
+
+def _broken(conn: Connection, name: str, error: str) -> None:
+    """Record why ``name`` was not decided; log it once, not on each try."""
+    error = f"not decided: {error}"[:1000]
+    before = conn.execute(
+        text(
+            "UPDATE dtask_schedules s SET last_error = :error,"
+            f" next_due_at = now() + {BROKEN_AGAIN}, updated_at = CASE"
+            " WHEN s.last_error IS DISTINCT FROM :error THEN now() ELSE s.updated_at END"
+            " FROM (SELECT last_error FROM dtask_schedules WHERE name = :name) b"
+            " WHERE s.name = :name RETURNING b.last_error"
+        ),
+        {"name": name, "error": error},
+    ).scalar()
+    if before != error:
+        log.warning("schedule %s: %s; tried again every 60 s", name, error)
+
+
+def _one_line(exc: BaseException) -> str:
+    text_ = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text_}"[:500]
 
 
 def _check_upstream(conn: Connection, name: str, upstream: str) -> None:

@@ -3,6 +3,12 @@
 The monitor reads *facts* from PostgreSQL on every pass and turns them into the alerts that
 hold now; comparing them with the open ones gives what opened and what closed. Pure: the
 thresholds come in as :class:`Limits`.
+
+Who sees an alert (``GET /api/v1/alerts``, the dashboard) follows from what it names
+(:data:`SCOPES`): an admin token every alert; a client's token the alerts about its own runs,
+and the cluster's (a worker lost or idle: they name a worker, as ``/workers`` does for every
+token, and no client's run), never one about another client's run, nor a schedule's (schedules
+belong to no client: they are admin tokens' alone in the API).
 """
 
 from __future__ import annotations
@@ -18,6 +24,28 @@ class AlertKind(StrEnum):
     RUN_STALLED = "run_stalled"  # unfinished, nothing changed for DTASK_STALL_ALERT
     RUN_LATE = "run_late"  # past its delay tolerance and not started
     SCHEDULE_MISFIRED = "schedule_misfired"  # slots not run, or missed recently
+
+
+class Scope(StrEnum):
+    """Which tokens see an alert of a kind."""
+
+    CLUSTER = "cluster"  # names no client's object: every token
+    RUN = "run"  # about one run (its id the subject): the tokens that see the run's client
+    ADMIN = "admin"  # about something of no client (a schedule): admin tokens only
+
+
+SCOPES: dict[AlertKind, Scope] = {
+    AlertKind.WORKER_LOST: Scope.CLUSTER,
+    AlertKind.WORKER_IDLE: Scope.CLUSTER,
+    AlertKind.RUN_STALLED: Scope.RUN,
+    AlertKind.RUN_LATE: Scope.RUN,
+    AlertKind.SCHEDULE_MISFIRED: Scope.ADMIN,
+}
+
+
+def kinds_of(scope: Scope) -> list[str]:
+    """The kinds (their values, as stored) a client's token sees under ``scope``."""
+    return sorted(kind.value for kind, in_scope in SCOPES.items() if in_scope is scope)
 
 
 @dataclass(frozen=True, order=True)

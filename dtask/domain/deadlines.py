@@ -5,10 +5,10 @@ slot) plus the tolerance; a run none of whose children started by then is *late*
 
 from __future__ import annotations
 
-import math
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
+from dtask.domain.limits import MAX_SECONDS, check_moment, check_seconds
 from dtask.exceptions import InvalidDelayTolerance, InvalidStart
 
 
@@ -18,16 +18,11 @@ class OnLate(StrEnum):
 
 
 def check_delay_tolerance(value: object, where: str) -> float | None:
-    """Seconds a run may wait before it starts (None: no deadline), checked."""
+    """Seconds a run may wait before it starts (None: no deadline), checked: over 0, at most
+    MAX_SECONDS, so that its deadline is a moment every reader can read."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidDelayTolerance(
-            f"{where}: delay tolerance {value!r} is not a number of seconds"
-        )
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidDelayTolerance(f"{where}: delay tolerance must be > 0 seconds, got {value!r}")
-    return float(value)
+    return check_seconds(f"{where}: delay tolerance", value, InvalidDelayTolerance)
 
 
 def on_late_of(value: object, where: str) -> OnLate:
@@ -47,7 +42,7 @@ def late_error(tolerance: float, deadline: datetime) -> str:
     )
 
 
-MAX_COUNTDOWN = 10 * 365 * 24 * 3600.0  # ten years: beyond that a countdown is a typo
+MAX_COUNTDOWN = MAX_SECONDS
 QUEUE_NAME = 200  # characters (dtask_runs.queue)
 
 
@@ -57,18 +52,10 @@ def check_start(countdown: object, eta: object, where: str) -> tuple[datetime | 
     if countdown is not None and eta is not None:
         raise InvalidStart(f"{where}: give countdown or eta, not both")
     if eta is not None:
-        if not isinstance(eta, datetime):
-            raise InvalidStart(f"{where}: eta must be a datetime, got {eta!r}")
-        return (eta if eta.tzinfo is not None else eta.replace(tzinfo=UTC)), None
+        return check_moment(f"{where}: eta", eta, InvalidStart), None
     if countdown is None:
         return None, None
-    if isinstance(countdown, bool) or not isinstance(countdown, int | float):
-        raise InvalidStart(f"{where}: countdown must be a number of seconds, got {countdown!r}")
-    if not math.isfinite(countdown) or not 0 <= countdown <= MAX_COUNTDOWN:
-        raise InvalidStart(
-            f"{where}: countdown must be 0 to {MAX_COUNTDOWN:.0f} seconds, got {countdown!r}"
-        )
-    return None, float(countdown)
+    return None, check_seconds(f"{where}: countdown", countdown, InvalidStart, zero=True)
 
 
 def check_queue(queue: object, where: str) -> str | None:

@@ -5,10 +5,21 @@ that moves it. Pure."""
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from dtask.exceptions import DtaskError, InvalidStart
 
+# Every duration a caller gives (a delay tolerance, a countdown, an execution cap) is at most
+# ten years: beyond that it is a typo, and a deadline or start it makes must stay a moment
+# that PostgreSQL, psycopg and Python all read (psycopg and datetime stop at year 9999).
+MAX_SECONDS = 10 * 365 * 86400.0
+# Every moment a caller gives (an eta, a schedule's start and end) lies in these years, so
+# that moment plus MAX_SECONDS is still readable.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+MAX_ATTEMPTS = 1000  # attempts of one child: each is a row write and a log line
 KEY_LENGTH = 300  # dtask_runs.trigger_key
 ENGINES = 3  # a process's engines: transactions, durable owner writes, asynchronous ones
 POOL_PROCESS_CONNECTIONS = 2  # per engine in a pool process: its child, and its heartbeat
@@ -16,7 +27,7 @@ RESERVED_KEY_PREFIX = "schedule:"  # schedule:<name>:<slot>: a schedule's slots,
 
 
 def json_bytes(value: Any) -> int:
-    """The size of ``value`` as compact JSON, in UTF-8 bytes."""
+    """The size of ``value`` as compact JSON, in UTF-8 bytes (ValueError: not JSON)."""
     return len(
         json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
     )
@@ -25,9 +36,68 @@ def json_bytes(value: Any) -> int:
 def check_json_size(
     what: str, value: Any, limit: int, setting: str, error: type[DtaskError]
 ) -> None:
-    size = json_bytes(value)
+    try:
+        size = json_bytes(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        # an integer of over 4,300 digits, NaN, a cycle, nesting deeper than Python recurses
+        raise error(f"{what} is not storable JSON: {str(exc)[:120]}") from None
     if size > limit:
         raise error(f"{what} is {size:,} bytes of JSON, over the limit of {limit:,} ({setting})")
+
+
+def check_seconds(
+    what: str,
+    value: object,
+    error: type[DtaskError],
+    *,
+    low: float = 0.0,
+    high: float = MAX_SECONDS,
+    zero: bool = False,
+) -> float:
+    """A number of seconds from ``low`` (excluded unless ``zero``) to ``high``, checked: the
+    one-line error names the value and both bounds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise error(f"{what} must be a number of seconds, got {_shown(value)}")
+    try:
+        number = float(value) if math.isfinite(value) else math.nan
+    except OverflowError:  # an integer past any float
+        number = math.inf
+    within = (low <= number if zero else low < number) and number <= high
+    if not within:
+        span = f"{low:g} to" if zero else f"over {low:g} and at most"
+        raise error(f"{what} must be {span} {high:,.0f} seconds, got {_shown(value)}")
+    return number
+
+
+def check_moment(what: str, value: object, error: type[DtaskError]) -> datetime:
+    """A datetime (naive means UTC) between EARLIEST and LATEST, checked."""
+    if not isinstance(value, datetime):
+        raise error(f"{what} must be a datetime, got {_shown(value)}")
+    try:
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        inside = EARLIEST <= moment < LATEST
+    except (OverflowError, ValueError):  # an offset that moves it past year 1 or 9999
+        inside = False
+    if not inside:
+        raise error(
+            f"{what} must lie between {EARLIEST.year} and {LATEST.year - 1},"
+            f" got {value.isoformat()}"
+        )
+    return moment
+
+
+def check_whole(what: str, value: object, low: int, high: int, error: type[DtaskError]) -> int:
+    """A whole number from ``low`` to ``high``, checked."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise error(f"{what} must be a whole number from {low:,} to {high:,}, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length():,} bits"  # repr() refuses past 4,300 digits
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def text_problem(text: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from enum import StrEnum
 from urllib.parse import urlsplit
 
@@ -14,6 +15,7 @@ SIGNATURE_HEADER = "X-Dtask-Signature"
 RETRY_FOR = 3600.0  # seconds after the run finished: then the delivery is given up
 MOST_BACKOFF = 300.0
 MAX_URL = 2000
+ALLOW_PRIVATE = "DTASK_NOTIFY_ALLOW_PRIVATE"  # the setting that lets notify_url be private
 
 
 class Delivery(StrEnum):
@@ -22,7 +24,10 @@ class Delivery(StrEnum):
     FAILED = "failed"  # given up after RETRY_FOR
 
 
-def check_url(url: str | None) -> str | None:
+def check_url(url: str | None, *, allow_private: bool = True) -> str | None:
+    """The URL, if a client may give it. Without ``allow_private`` (DTASK_NOTIFY_ALLOW_PRIVATE
+    off) a host written as an IP address must be a global one; a host name is checked where it
+    is resolved, at each delivery (no DNS here)."""
     if url is None:
         return None
     parts = urlsplit(url)
@@ -31,7 +36,39 @@ def check_url(url: str | None) -> str | None:
             f"notify_url must be an http(s) URL with a host, at most {MAX_URL} characters,"
             f" got {url[:100]!r}"
         )
+    if not allow_private:
+        try:
+            address = ipaddress.ip_address(parts.hostname)
+        except ValueError:
+            return url  # a name
+        refused = refusal(address)
+        if refused is not None:
+            raise InvalidNotifyUrl(f"notify_url refused: {refused}")
     return url
+
+
+def refusal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why a notification may not go to ``address`` unless DTASK_NOTIFY_ALLOW_PRIVATE allows
+    it ("10.0.0.5 is a private address (...)"), or None for a global address. An IPv4 address
+    written as IPv6 (``::ffff:10.0.0.5``) is judged as the IPv4 one."""
+    judged: ipaddress.IPv4Address | ipaddress.IPv6Address = address
+    shown = str(address)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        judged = address.ipv4_mapped
+        shown = f"{address} ({judged})"
+    for kind, holds in (
+        ("unspecified", judged.is_unspecified),
+        ("loopback", judged.is_loopback),
+        ("link-local", judged.is_link_local),
+        ("multicast", judged.is_multicast),
+        ("reserved", judged.is_reserved),
+        ("private", judged.is_private),  # RFC 1918, ULA fc00::/7, documentation, benchmarks
+        ("non-global", not judged.is_global),  # e.g. shared address space, 100.64.0.0/10
+    ):
+        if holds:
+            article = "an" if kind[0] in "aeiou" else "a"
+            return f"{shown} is {article} {kind} address ({ALLOW_PRIVATE})"
+    return None
 
 
 def signature(secret: str, body: bytes) -> str:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
-from dtask.domain.limits import text_problem
+from dtask.domain.limits import EARLIEST, LATEST, text_problem
 from dtask.exceptions import InvalidSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -135,9 +135,6 @@ GRACE = 10.0  # seconds late before a slot counts as missed
 CATCH_UP_WINDOW = 86400.0  # how far back misfire catch_up reaches
 MIN_GRACE = 2.0
 MAX_SECONDS = 366 * 86400
-# start and end bounds: far from datetime's year 1 and 9999, which slot arithmetic would cross
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _within(what: str, value: float, low: float, high: float) -> None:

@@ -8,7 +8,6 @@ above the domain.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
+from dtask.domain.limits import MAX_ATTEMPTS, check_seconds, check_whole
 from dtask.domain.params import Param, as_param
 from dtask.domain.results import Reduce
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
@@ -86,11 +86,7 @@ def check_execution_cap(value: object, where: str) -> float | None:
     """Seconds an attempt may run (None: no cap); raise InvalidExecutionCap naming ``where``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidExecutionCap(f"{where}: execution cap {value!r} is not a number of seconds")
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidExecutionCap(f"{where}: execution cap must be > 0 seconds, got {value!r}")
-    return float(value)
+    return check_seconds(f"{where}: execution cap", value, InvalidExecutionCap)
 
 
 class RunOptions(TypedDict, total=False):
@@ -143,10 +139,23 @@ class Template:
             raise TemplateDefinitionError(
                 f"template {self.name!r}: placeholders {sorted(unknown)} are not parameters"
             )
-        if self.options.max_attempts < 1:
-            raise TemplateDefinitionError(f"template {self.name!r}: max_attempts must be >= 1")
-        check_execution_cap(self.options.execution_cap, f"template {self.name!r}")
-        check_delay_tolerance(self.options.delay_tolerance, f"template {self.name!r}")
+        where = f"template {self.name!r}"
+        check_whole(
+            f"{where}: max_attempts", self.options.max_attempts, 1, MAX_ATTEMPTS,
+            TemplateDefinitionError,
+        )  # fmt: skip
+        check_execution_cap(self.options.execution_cap, where)
+        check_delay_tolerance(self.options.delay_tolerance, where)
+        if self.options.checkpoint_interval is not None:
+            check_seconds(
+                f"{where}: checkpoint_interval", self.options.checkpoint_interval,
+                TemplateDefinitionError, zero=True, high=86400,
+            )  # fmt: skip
+        if self.options.checkpoint_every is not None:
+            check_whole(
+                f"{where}: checkpoint_every", self.options.checkpoint_every, 1, 2**31 - 1,
+                TemplateDefinitionError,
+            )  # fmt: skip
         on_late_of(self.options.on_late, f"template {self.name!r}")
         try:
             json.dumps(self.skeleton)

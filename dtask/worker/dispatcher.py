@@ -104,7 +104,7 @@ class Dispatcher:
     def _pass(self, sender: Sender, wait: float = 0.0) -> int | None:
         settings = services.current().settings
         store = services.store()
-        with store.dispatch.turn(wait) as turn:
+        with store.dispatch.turn(settings.lease_ttl, wait) as turn:
             if turn is None:
                 return None
             demands = turn.demands()

@@ -9,18 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 
 from dtask import services
 from dtask.db.alerts import OpenAlert
 from dtask.domain.alerts import Limits, evaluate
+from dtask.worker import outbound
 from dtask.worker.loop import Loop, in_worker
 
 log = logging.getLogger("dtask.alerts")
 INTERVAL = 2.0
 WEBHOOK_TRIES = 3
-WEBHOOK_TIMEOUT = 5.0
+WEBHOOK_DEADLINE = outbound.DEADLINE  # seconds for one whole try (connect to answer)
 
 
 def limits() -> Limits:
@@ -55,22 +54,16 @@ def once() -> int:
 
 
 def _post(url: str, event: str, alert: OpenAlert) -> None:
+    """Up to WEBHOOK_TRIES bounded tries (:mod:`dtask.worker.outbound`). The webhook is the
+    operator's: it may be a private address (an internal Alertmanager). Its URL may hold a
+    secret, so it is never logged; the error names at most its host."""
     body = json.dumps({"event": event, "alert": alert.as_json()}).encode()
-    error = ""
+    headers = {"Content-Type": "application/json", "User-Agent": "dtask-alerts/1"}
+    error: str | None = ""
     for attempt in range(WEBHOOK_TRIES):
-        request = urllib.request.Request(url, data=body, method="POST")
-        request.add_header("Content-Type", "application/json")
-        request.add_header("User-Agent", "dtask-alerts/1")
-        try:
-            with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:
-                if 200 <= response.status < 300:
-                    return
-                error = f"HTTP {response.status}"
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            error = f"HTTP {exc.code}"
-        except (OSError, ValueError) as exc:
-            error = type(exc).__name__  # the URL may hold a secret: never print it
+        error = outbound.post(url, body, headers, deadline=WEBHOOK_DEADLINE, allow_private=True)
+        if error is None:
+            return
         if attempt + 1 < WEBHOOK_TRIES:
             time.sleep(0.5 * 2**attempt)
     log.warning("alert %s (%s) not delivered to DTASK_ALERT_WEBHOOK: %s", alert.id, event, error)

@@ -35,11 +35,11 @@ def run_count() -> int:
         (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
         (
             ["submit", "print_range", "-v", "n=5", "--execution-cap", "0"],
-            "execution cap must be > 0 seconds, got 0.0",
+            "execution cap must be over 0 and at most 315,360,000 seconds, got 0.0",
         ),
         (
             ["submit", "print_range", "-v", "n=5", "--execution-cap", "-3"],
-            "execution cap must be > 0 seconds, got -3.0",
+            "execution cap must be over 0 and at most 315,360,000 seconds, got -3.0",
         ),
         (
             ["submit", "print_range", "-v", "n=5", "--execution-cap", "soon"],

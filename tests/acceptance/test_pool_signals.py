@@ -46,6 +46,14 @@ def pool(worker: WorkerProcess) -> list[int]:
         return []
 
 
+def _status(pid: int) -> str:
+    """A pool process's status; "gone" once it has left (between listing and asking)."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.NoSuchProcess:
+        return "gone"
+
+
 def succeeded_once_each(run: dtask.Run, timeout: float) -> list[tuple[int, str, int]]:
     status = run.wait(timeout=timeout)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
@@ -113,7 +121,7 @@ def test_autoscale_grows_and_shrinks_the_pool_while_runs_go_on_and_loses_nothing
 
     def sample() -> None:
         while not stop.is_set():
-            alive = [p for p in pool(worker) if psutil.Process(p).status() != "zombie"]
+            alive = [p for p in pool(worker) if _status(p) not in ("zombie", "gone")]
             sizes.append((time.monotonic() - t0, len(alive)))
             time.sleep(0.1)
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 import dtask
 from dtask import services
 from dtask.db import NewRun
-from dtask.db.schedules import Decide, Firing, ScheduleStore
+from dtask.db.schedules import Decide, Fired, Firing, ScheduleStore
 from dtask.domain.schedules import Schedule, Timing, trigger_key
 from dtask.exceptions import ScheduleExists, ScheduleNotFound
 
@@ -130,13 +130,16 @@ def test_a_pass_that_dies_midway_records_nothing(schedules: ScheduleStore, name:
     while db_now(schedules) < start + timedelta(seconds=1.2):
         pass
 
+    class Killed(BaseException):
+        """The process dying mid-pass (an exception of one schedule is that schedule's)."""
+
     def dies(schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
         fired = fire_every_slot(name, [])(schedule, now, previous_running)
         if schedule.name == name:
-            raise RuntimeError("beat killed")
+            raise Killed("beat killed")
         return fired
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Killed):
         schedules.beat_pass(dies, hold_for=10)
     assert schedules.get(name).decided_until == saved.decided_until
     with schedules.db.engine.connect() as conn:
@@ -166,6 +169,20 @@ def test_a_template_schedules_itself_from_python(schedules: ScheduleStore, name:
     dtask.remove_schedule(name)
 
 
+def pass_after_a_slot(schedules: ScheduleStore, fires: str, not_: str) -> Fired:
+    """A beat pass once a slot of every-second schedules is due: ``fires`` fired, ``not_``
+    did not."""
+    from dtask.worker.beat import Pass
+
+    start = db_now(schedules)
+    while db_now(schedules) < start + timedelta(seconds=1.5):
+        time.sleep(0.1)
+    fired = schedules.beat_pass(Pass().decide, hold_for=10)
+    assert any(run.schedule == fires for _, run in fired.created)
+    assert not any(run.schedule == not_ for _, run in fired.created + fired.existing)
+    return fired
+
+
 def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
     schedules: ScheduleStore, name: str
 ) -> None:
@@ -180,12 +197,7 @@ def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
             conn.execute(
                 text("UPDATE dtask_schedules SET template = 'gone' WHERE name = :n"), {"n": broken}
             )
-        start = db_now(schedules)
-        while db_now(schedules) < start + timedelta(seconds=1.5):
-            time.sleep(0.1)
-        fired = schedules.beat_pass(Pass().decide, hold_for=10)
-        assert any(run.schedule == name for _, run in fired.created)
-        assert not any(run.schedule == broken for _, run in fired.created + fired.existing)
+        pass_after_a_slot(schedules, name, broken)
         after = schedules.get(broken)
         assert after.decided_until == saved.decided_until  # its slots are still due
         assert after.last_error is not None and "unknown template 'gone'" in after.last_error
@@ -223,3 +235,46 @@ def test_a_schedule_s_own_delay_tolerance_sets_its_runs_deadline_from_the_slot(
         status = services.store().runs.status(run_id)
         assert run.slot is not None and status.deadline == run.slot + timedelta(seconds=45)
         dtask.get_run(run_id).cancel()
+
+
+def test_a_schedule_whose_run_postgresql_refuses_fails_alone(
+    schedules: ScheduleStore, name: str
+) -> None:
+    """One schedule's run that PostgreSQL refuses (on main: a delay tolerance of 1e16 s, its
+    deadline past year 294,276; here a constraint the test adds for that schedule alone)
+    rolled back the beat's whole chunk, so no other schedule fired for as long as it existed.
+    Now it is decided under a savepoint: the error is its own, the others fire."""
+
+    services.load_templates()
+    broken = f"{name}-zbad"
+    refuse = f"it_refuse_{name[3:]}"
+    try:
+        schedules.save(every(name, 1), replace=False)
+        schedules.save(every(broken, 1), replace=False)
+        with schedules.db.engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"ALTER TABLE dtask_runs ADD CONSTRAINT {refuse}"
+                    f" CHECK (schedule IS DISTINCT FROM '{broken}') NOT VALID"
+                )
+            )
+        fired = pass_after_a_slot(schedules, name, broken)
+        after = schedules.get(broken)
+        assert after.last_error is not None and "not decided" in after.last_error
+        assert refuse in after.last_error, after.last_error
+        with schedules.db.engine.connect() as conn:
+            due_in = conn.execute(
+                text(
+                    "SELECT extract(epoch FROM next_due_at - now()) FROM dtask_schedules"
+                    " WHERE name = :n"
+                ),
+                {"n": broken},
+            ).scalar_one()
+        assert 30 < due_in <= 60  # looked at again in a minute, not in every pass
+        for run_id, _ in fired.created:
+            dtask.get_run(run_id).cancel()
+    finally:
+        with schedules.db.engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE dtask_runs DROP CONSTRAINT IF EXISTS {refuse}"))
+        with contextlib.suppress(ScheduleNotFound):
+            schedules.remove(broken)

@@ -41,6 +41,19 @@ def call(base: str, method: str, path: str, token: str | None, body: Any = None)
             return Reply(exc.code, dict(exc.headers), json.loads(exc.read()))
 
 
+def call_raw(base: str, path: str, token: str, body: str) -> Reply:
+    """A POST of ``body`` as it is (JSON that ``json.dumps`` would not make)."""
+    request = urllib.request.Request(base + path, data=body.encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return Reply(response.status, dict(response.headers), json.loads(response.read()))
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return Reply(exc.code, dict(exc.headers), json.loads(exc.read()))
+
+
 def token(env: dict[str, str], client: str, *flags: str) -> str:
     made = subprocess.run(
         [DTASK, "token", "create", "--client", client, *flags],

@@ -83,3 +83,58 @@ def test_bad_queue_names_are_refused(queue: object) -> None:
     with pytest.raises(InvalidStart, match="queue must be a name"):
         check_queue(queue, "run")
     assert check_queue("gpu", "run") == "gpu" and check_queue(None, "run") is None
+
+
+@pytest.mark.parametrize(
+    "bad", [1e12, 1e16, MAX_COUNTDOWN + 1, pytest.param(10**5000, id="10**5000"), 2**63]
+)
+def test_a_delay_tolerance_past_ten_years_is_refused_with_its_bound(bad: object) -> None:
+    with pytest.raises(InvalidDelayTolerance, match="at most 315,360,000 seconds, got"):
+        check_delay_tolerance(bad, "run")
+
+
+MOMENTS = st.datetimes(
+    timezones=st.one_of(st.none(), st.timezones(), st.sampled_from([UTC])),
+    allow_imaginary=True,
+)
+NUMBERS = st.one_of(
+    st.floats(), st.integers(), st.sampled_from([MAX_COUNTDOWN, MAX_COUNTDOWN + 1e-6, 1e12])
+)
+
+
+@given(eta=MOMENTS, tolerance=NUMBERS, countdown=NUMBERS)
+def test_every_deadline_and_start_that_passes_the_checks_is_a_readable_moment(
+    eta: datetime, tolerance: object, countdown: object
+) -> None:
+    """What dtask stores is derived from these: the deadline (eta or now, plus the delay
+    tolerance) and the start (eta, or now plus the countdown). Whatever passes the checks
+    makes moments psycopg and datetime can read: before 9999 in UTC and in any offset."""
+    from datetime import timedelta
+
+    from dtask.exceptions import DtaskError
+
+    now = datetime.now(UTC)
+    try:
+        seconds = check_delay_tolerance(tolerance, "run")
+        start_at, _ = check_start(None, eta, "run")
+        _, start_in = check_start(countdown, None, "run")
+    except DtaskError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert seconds is not None and start_at is not None and start_in is not None
+    latest = max(start_at, now + timedelta(seconds=start_in)) + timedelta(seconds=seconds)
+    assert (latest + timedelta(hours=14)).year < 9999
+
+
+@pytest.mark.parametrize(
+    "eta",
+    [
+        datetime(9000, 1, 1, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, tzinfo=UTC),
+        datetime(1, 1, 1, 0, 30),
+        datetime(9999, 12, 31, 23, 0),
+    ],
+)
+def test_an_eta_outside_1970_to_8999_is_refused(eta: datetime) -> None:
+    with pytest.raises(InvalidStart, match="eta must lie between 1970 and 8999"):
+        check_start(None, eta, "run")

@@ -123,13 +123,13 @@ def test_definition_errors_are_caught_at_registration() -> None:
 @pytest.mark.parametrize(
     ("value", "error"),
     [
-        (0, "must be > 0 seconds, got 0"),
-        (-1.5, "must be > 0 seconds, got -1.5"),
-        (float("nan"), "must be > 0 seconds, got nan"),
-        (float("inf"), "must be > 0 seconds, got inf"),
-        ("5", "execution cap '5' is not a number of seconds"),
-        (True, "execution cap True is not a number of seconds"),
-        ([1], "execution cap [1] is not a number of seconds"),
+        (0, "must be over 0 and at most 315,360,000 seconds, got 0"),
+        (-1.5, "must be over 0 and at most 315,360,000 seconds, got -1.5"),
+        (float("nan"), "must be over 0 and at most 315,360,000 seconds, got nan"),
+        (float("inf"), "must be over 0 and at most 315,360,000 seconds, got inf"),
+        ("5", "execution cap must be a number of seconds, got '5'"),
+        (True, "execution cap must be a number of seconds, got True"),
+        ([1], "execution cap must be a number of seconds, got [1]"),
     ],
 )
 def test_a_bad_execution_cap_is_refused_naming_where(value: Any, error: str) -> None:
