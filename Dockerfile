@@ -9,7 +9,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/dtask-*.whl)[flower]" && rm -rf /wheels \
+RUN pip install --no-cache-dir "$(ls /wheels/dtask-*.whl)[flower,api]" && rm -rf /wheels \
     && useradd --create-home dtask
 USER dtask
 WORKDIR /home/dtask

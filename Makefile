@@ -14,7 +14,7 @@ DISPATCH ?= window
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,api]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -48,7 +48,7 @@ test: lint typecheck chromium
 	$(BIN)/pytest -q --durations=25
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,api,bench]'
 	touch $(BENCH_STAMP)
 
 # Not part of `make test`: 11-16 minutes (the peers take most of it). bench.peers: dtask,

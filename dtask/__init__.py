@@ -8,6 +8,7 @@ the services (``submit``, ``Run``, the schedule functions) is imported on first 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Unpack
 
 from dtask.domain.clients import Client, Rate, Tier
@@ -131,6 +132,11 @@ class _Client:
         from dtask.worker.dispatch import submit_signature
 
         return submit_signature(template, variables, key, immutable)
+
+    def on_commit(self, callback: Callable[[], Any]) -> None:
+        from dtask.client.transactions import on_commit
+
+        on_commit(callback)
 
 
 use_launcher(_Client())

@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     alert_webhook: SecretStr | None = None  # POSTed each alert as it opens and closes
     # a run's notify_url may reach loopback, private, link-local... addresses (docs/security.md)
     notify_allow_private: bool = False
+    # test mode: runs execute in this process, at submit, and nothing goes to the broker
+    eager: bool = False
+    # dtask's beat also sends the app's own beat_schedule entries (off: another beat does,
+    # django-celery-beat's, and dtask's fires only dtask's schedules)
+    beat_app_entries: bool = True
 
     @field_validator("home")
     @classmethod
@@ -330,6 +335,16 @@ DOCUMENTED: dict[str, tuple[str, str]] = {
         "0",
         "1: a run's notify_url may be a loopback, private, link-local or other non-global"
         " address (the alert webhook always may)",
+    ),
+    "DTASK_EAGER": (
+        "0",
+        "1 (or Celery's task_always_eager): test mode, a submit runs the run in its own process"
+        " before it returns (split, children, reduce), sending nothing to the broker",
+    ),
+    "DTASK_BEAT_APP_ENTRIES": (
+        "1",
+        "0: dtask's beat fires only dtask's schedules and leaves the app's own beat_schedule"
+        " entries to another beat (django-celery-beat's); 1: it sends them too",
     ),
 }
 

@@ -33,6 +33,9 @@ def register(sub: Any) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from dtask.services.extras import require
+
+    require("fastapi", "api", "dtask serve (the HTTP API and the dashboard)")
     from dtask.api.server import serve
 
     serve(args.host, args.port)

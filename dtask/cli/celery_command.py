@@ -23,6 +23,10 @@ def dtask(ctx: click.Context, args: tuple[str, ...]) -> None:
     from dtask.worker.app import current
 
     host: Any = ctx.obj.app
+    # The app loads as `celery worker`, `beat` and `shell` load it before anything of the
+    # team's is imported: its import_modules signal (Django's fixup sets Django up there, so
+    # DTASK_TEMPLATES may import models), then its task modules.
+    host.loader.import_default_modules()
     if current() is not host:
         init_app(host)
     ctx.exit(main(list(args)))

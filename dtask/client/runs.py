@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from dtask import services
+from dtask.client.transactions import written_on
 from dtask.db import Store
+from dtask.db.run_inserts import Created
 from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
 from dtask.domain.deadlines import (
     OnLate,
@@ -37,7 +41,11 @@ from dtask.exceptions import (
 )
 from dtask.worker import configure
 from dtask.worker.dispatch import send_master
+from dtask.worker.eager import active as eager_active
+from dtask.worker.eager import run as run_eagerly
 from dtask.worker.results import forget_run
+
+log = logging.getLogger("dtask.client")
 
 
 class Run:
@@ -106,7 +114,10 @@ class Run:
         if state is RunState.SUCCEEDED:
             raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
         if state in (RunState.PENDING, RunState.SPLITTING):
-            send_master(self.id)
+            if eager_active():  # test mode: rerun here, as it ran
+                run_eagerly(self.id)
+            else:
+                send_master(self.id)
         return self.status()
 
     def wait(
@@ -170,6 +181,8 @@ def submit(
     eta: datetime | None = None,
     queue: str | None = None,
     after: Iterable[int | str | RunHandle] | None = None,
+    using: str | None = None,
+    connection: Any = None,
 ) -> Run:
     """Trigger ``template`` once per ``key`` of ``client`` (a fresh key if None); return the
     run. A key is the client's own: another client's run of the same key is another run.
@@ -189,8 +202,25 @@ def submit(
     docs/dependencies.md).
     Variables are checked before anything is written. If the master message cannot be sent,
     the run is removed again and BrokerUnavailable raised: no run is left half-created.
+
+    ``using`` (a Django database alias) or ``connection`` (a psycopg 3 connection, a
+    SQLAlchemy ``Connection`` or a Django connection) writes the run in the caller's open
+    transaction, where dtask's tables are in the caller's database: a rollback leaves no run
+    and sends nothing; once committed it runs (its master is sent after Django's commit; on a
+    connection of another kind the reaper sends it within DTASK_STALL_TIMEOUT). The ``Run``
+    it returns is readable once the caller has committed. Keys, rate limits and upstreams are
+    checked as always, in the caller's transaction: another submit of the same key waits for
+    it to end, and a limited client's row stays locked until then.
+
+    In test mode (DTASK_EAGER, or Celery's ``task_always_eager``) the run executes here before
+    this returns (split, children, reduce), whatever ``countdown``, ``eta``, ``using`` or
+    ``connection`` say, and nothing is sent to the broker (dtask/worker/eager.py).
     """
-    configure()
+    eager_mode = eager_active()
+    if eager_mode:
+        services.load_templates(services.current().settings)  # no broker: none is used
+    else:
+        configure()
     config = services.current().settings
     tpl = registry.get(template)
     if getattr(tpl.function, "__module__", None) == "__main__":
@@ -209,6 +239,8 @@ def submit(
     if key is not None:
         check_key(key, where)
     start_at, start_in = check_start(countdown, eta, where)
+    if eager_mode:  # as Celery's eager apply_async: it runs now
+        start_at = start_in = None
     children_queue = check_queue(queue, where) or tpl.options.queue
     if priority is not None:
         check_priority(priority)
@@ -221,7 +253,8 @@ def submit(
     store = services.store()
     upstreams = _upstreams(store, after, where, client)
     trigger = key or f"adhoc:{uuid.uuid4()}"
-    run = store.runs.create_run(
+    create = partial(
+        store.runs.create_run,
         template=tpl.name,
         key=trigger,
         variables=checked,
@@ -239,13 +272,28 @@ def submit(
         start_in=start_in,
         after=upstreams,
     )
+
+    def shown(run_id: int) -> str:  # what Flower and the logs show of its master
+        return f"{tpl.name} run {run_id} key {trigger}"
+
+    if eager_mode:
+        run = create()
+        if run.created:
+            run_eagerly(run.id)
+        return Run(run.id, created=run.created)
+    if using is not None or connection is not None:
+        with written_on(using, connection) as written:
+            run = create(on=written.conn)
+        if run.state is RunState.PENDING and run.starts_in <= config.stall_timeout:
+            written.after_commit(partial(_send_committed, run, shown(run.id)))
+        return Run(run.id, created=run.created)
+    run = create()
     run_id, created = run.id, run.created
     if run.starts_in > config.stall_timeout:
         return Run(run_id, created=created)  # the reaper starts it when it is due
     if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
-            shown = f"{tpl.name} run {run_id} key {trigger}"
-            send_master(run_id, countdown=run.starts_in, shown=shown, priority=run.priority)
+            send_master(run_id, countdown=run.starts_in, shown=shown(run_id), priority=run.priority)
         except BrokerUnavailable as exc:
             if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
@@ -256,6 +304,15 @@ def submit(
                 ) from None
             raise
     return Run(run_id, created=created)
+
+
+def _send_committed(run: Created, shown: str) -> None:
+    """The master of a run the caller's transaction committed; where the broker cannot take
+    it, the run stays pending and the reaper sends it (the commit is not undone)."""
+    try:
+        send_master(run.id, countdown=run.starts_in, shown=shown, priority=run.priority)
+    except BrokerUnavailable as exc:
+        log.warning("run %s: committed, its master not sent (the reaper will): %s", run.id, exc)
 
 
 def _upstreams(

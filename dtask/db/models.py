@@ -113,6 +113,9 @@ class RunRow(Base):
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     start_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # countdown
     result: Mapped[Any | None] = mapped_column(JSONB)  # the template's reduce of its children's
+    # the rest of the Celery chains (and link/link_error) its dtask.submit tasks took over:
+    # sent once the run has finished, then NULL
+    chains: Mapped[list[Any] | None] = mapped_column(JSONB)
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
@@ -130,6 +133,7 @@ class RunRow(Base):
         Index(None, "state", postgresql_where=text("state IN ('pending', 'splitting', 'running')")),
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
         Index("ix_dtask_runs_id_waiting", "id", postgresql_where=text("state = 'waiting'")),
+        Index("ix_dtask_runs_id_chained", "id", postgresql_where=text("chains IS NOT NULL")),
         Index(
             None,
             "finished_at",

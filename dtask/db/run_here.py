@@ -98,11 +98,17 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
 
 
 def finish(
-    conn: Connection, run_id: int, claim: Claim, checkpoint: Any | None, result: str | None
+    conn: Connection,
+    run_id: int,
+    claim: Claim,
+    checkpoint: Any | None,
+    result: str | None,
+    chained: list[int] | None = None,
 ) -> list[int] | None:
     """The child succeeded under our fence (LeaseLost if it is no longer ours), and with it
     the run: the dependents that released (their masters are the caller's to send), or None
-    where the run did not move (it was cancelled meanwhile)."""
+    where the run did not move (it was cancelled meanwhile). The run goes to ``chained`` when
+    Celery chains wait for it (the caller sends them)."""
     child = conn.execute(
         sql(
             f"UPDATE dtask_children SET {FINISH}, updated_at = now()"
@@ -123,9 +129,12 @@ def finish(
             " result = NULL, updated_at = now() WHERE id = :id AND state = 'running'"
             " AND NOT EXISTS (SELECT FROM dtask_children WHERE run_id = :id"
             "   AND state <> 'succeeded')"
+            " RETURNING chains IS NOT NULL AS chained"
         ),
         {"id": run_id},
-    )
-    if run.rowcount != 1:
+    ).first()
+    if run is None:
         return None
+    if run.chained and chained is not None:
+        chained.append(run_id)
     return deps.settle(conn, run_id, RunState.SUCCEEDED)

@@ -5,7 +5,8 @@ that client, pending or waiting for the runs it was submitted after (see
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -194,9 +195,13 @@ class RunInserts(RunReads):
         start_at: datetime | None = None,
         start_in: float | None = None,
         after: Sequence[int] = (),
+        on: Connection | None = None,
     ) -> Created:
         """:meth:`create`, with the run's state and start: what a submit needs, without
-        reading the run again."""
+        reading the run again. ``on``: the caller's connection (:func:`dtask.db.callers.lend`),
+        in whose transaction the run is written, charged and checked, in one piece as in a
+        transaction of dtask's own; the caller's commit makes it a run, its rollback leaves
+        none (a limited client's row stays locked until then)."""
 
         def new_run(charged: Client) -> NewRun:
             granted = charged.tier_for(tier)
@@ -210,12 +215,12 @@ class RunInserts(RunReads):
             )  # fmt: skip
 
         known = self._unlimited.get(client)
-        if known is not None and not after:
+        if known is not None and not after and on is None:
             created = self._insert_unlimited(new_run(known), known)
             if created is not None:
                 return created
         try:
-            with self.db.tx() as conn:
+            with self.db.tx() if on is None else self._on(on) as conn:
                 existing = self._by_key(conn, client, key)
                 if existing is None:
                     charged, present = lock_client(conn, client)
@@ -254,6 +259,11 @@ class RunInserts(RunReads):
             float(existing.starts_in),
             existing.priority,
         )
+
+    @contextmanager
+    def _on(self, conn: Connection) -> Iterator[Connection]:
+        with self.db._errors():  # the same one-line errors as its own transactions
+            yield conn
 
     def _insert_unlimited(self, run: NewRun, client: Client) -> Created | None:
         """The submit of a new key for a client without rate limits, as one statement on an

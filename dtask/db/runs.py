@@ -44,11 +44,24 @@ class RunRecord:
     idle: float = 0.0  # seconds since the run last changed (e.g. became pending), by PostgreSQL
     tier: Tier = Tier.BASIC
     starts_in: float = 0.0  # seconds until it may split (apply_async's countdown or eta)
+    chained: bool = False  # Celery chains wait for it (dtask_runs.chains)
+
+
+@dataclass(frozen=True)
+class Chained:
+    """A finished run's kept chains, for the caller to send: its state, result and error."""
+
+    run_id: int
+    state: RunState
+    result: Any
+    error: str | None
+    chains: list[dict[str, Any]]
 
 
 # (the run, a loader of its children's results in index order) -> its result as JSON text
 Reducer = Callable[[RunRecord, Callable[[], list[Any]]], str | None]
 Reduced = tuple[int, str | None, str | None]  # the dispatch reduced, its result, its error
+FINISHED = "'succeeded', 'failed', 'cancelled'"
 
 
 class RunStore(RunInserts):
@@ -65,6 +78,7 @@ class RunStore(RunInserts):
             sql(
                 "SELECT id, template, trigger_key, variables, state, max_attempts, queue,"
                 " child_total, group_id, chord_size, dispatches, tier,"
+                " chains IS NOT NULL AS chained,"
                 " extract(epoch FROM now() - updated_at) AS idle,"
                 " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
                 " FROM dtask_runs WHERE id = :id"
@@ -88,6 +102,7 @@ class RunStore(RunInserts):
             idle=float(row.idle),
             tier=Tier(row.tier),
             starts_in=float(row.starts_in),
+            chained=bool(row.chained),
         )
 
     def split(
@@ -294,13 +309,72 @@ class RunStore(RunInserts):
             return RunState.SPLITTING
 
     def finish_alone(
-        self, run_id: int, claim: Claim, checkpoint: Any | None, result: str | None
+        self,
+        run_id: int,
+        claim: Claim,
+        checkpoint: Any | None,
+        result: str | None,
+        chained: list[int] | None = None,
     ) -> list[int] | None:
         """A run's only child succeeded, and the run with it, in one transaction (for a run
         whose template has no reduce): :func:`dtask.db.run_here.finish`."""
         with self.db.tx() as conn:
             lock_run(conn, run_id, wait=True)
-            return run_here.finish(conn, run_id, claim, checkpoint, result)
+            return run_here.finish(conn, run_id, claim, checkpoint, result, chained)
+
+    def add_chain(self, run_id: int, chain: dict[str, Any]) -> RunState:
+        """Keep ``chain`` (the rest of a Celery chain a ``dtask.submit`` task took over, as
+        JSON) with the run until it has finished, under the run's lock: a finalize either
+        sees it or settled the run before; the state returned says which (a finished run's
+        chains are the caller's to send: :meth:`take_chains`)."""
+        with self.db.tx() as conn:
+            lock_run(conn, run_id)
+            state = conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET chains = coalesce(chains, '[]'::jsonb)"
+                    " || CAST(:chain AS jsonb) WHERE id = :id RETURNING state"
+                ),
+                {"id": run_id, "chain": json.dumps([chain])},
+            ).scalar()
+            if state is None:
+                raise RunNotFound(f"no run with id {run_id}")
+            return RunState(state)
+
+    def take_chains(self, run_id: int, send: Callable[[Chained], None]) -> bool:
+        """Hand a finished run's kept chains to ``send`` (which publishes them) inside the
+        transaction that clears them, holding the run's row: however many finalizers ask,
+        one sends them; if ``send`` raises, they stay for a later call (the reaper's step).
+        False when there is nothing to send (not finished, no chains, already sent)."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(
+                    "SELECT state, result, error, chains FROM dtask_runs WHERE id = :id"
+                    f" AND chains IS NOT NULL AND state IN ({FINISHED}) FOR UPDATE"
+                ),
+                {"id": run_id},
+            ).first()
+            if row is None:
+                return False
+            send(Chained(run_id, RunState(row.state), row.result, row.error, list(row.chains)))
+            conn.execute(sql("UPDATE dtask_runs SET chains = NULL WHERE id = :id"), {"id": run_id})
+            return True
+
+    def chained_finished(self, settled_for: float, limit: int = 100) -> list[int]:
+        """Finished runs (for ``settled_for`` seconds or more) whose chains were not sent: their
+        finalizer could not (a cancel, a late run failed, a broker error, a crash)."""
+        with self.db.tx() as conn:
+            return [
+                int(run_id)
+                for run_id in conn.execute(
+                    sql(
+                        "SELECT id FROM dtask_runs WHERE chains IS NOT NULL"
+                        f" AND state IN ({FINISHED})"
+                        " AND finished_at < now() - make_interval(secs => :settled)"
+                        " ORDER BY id LIMIT :limit"
+                    ),
+                    {"settled": settled_for, "limit": limit},
+                ).scalars()
+            ]
 
     def finalize(
         self,

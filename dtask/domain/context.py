@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +30,11 @@ class ChildContext:
     last committed state (what a re-run starts from). ``resume(items)`` is the convenience for
     sequences: it skips what an earlier attempt finished and checkpoints as it goes, at most
     every ``checkpoint_interval`` seconds or ``checkpoint_every`` items.
+
+    ``state`` is a dict that ``resume`` commits with each of its checkpoints (and the finish):
+    a result the child builds up item by item (a running total) belongs there, so that an
+    attempt resumed after a failover starts from what the items it skips added up to, and
+    returns the whole. A local variable would hold only what this attempt processed.
     """
 
     def __init__(
@@ -62,8 +68,16 @@ class ChildContext:
         self._every = checkpoint_every
         self._stop_requested = stop_requested
         self._lease_lost = lease_lost
-        self._unsaved: Any = None
+        self._unsaved: int | None = None  # resume's offset not yet written
         self._max_checkpoint = max_checkpoint
+        kept = _resumed(checkpoint_state)
+        self.state: dict[str, Any] = (
+            json.loads(json.dumps(kept[1])) if kept is not None and kept[1] is not None else {}
+        )
+        """Kept with every checkpoint ``resume`` writes: what the child has built up so far
+        (e.g. ``ctx.state["total"]``). JSON values under string keys, within
+        DTASK_MAX_CHECKPOINT with the offset; a resumed attempt starts with the state
+        committed with the offset it resumes from."""
 
     @property
     def checkpoint_state(self) -> Any:
@@ -75,6 +89,14 @@ class ChildContext:
         ChildStopped (after committing) if the child is asked to stop."""
         if self._lease_lost():
             raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
+        self._check(state)
+        self._writer(state)
+        self._state = state
+        self._unsaved = None
+        if self._stop_requested():
+            raise ChildStopped(f"run {self.run_id} child {self.index} stopped at a checkpoint")
+
+    def _check(self, state: Any) -> None:
         what = f"run {self.run_id} child {self.index}'s checkpoint"
         try:
             size = json_bytes(state)
@@ -83,18 +105,36 @@ class ChildContext:
         if self._max_checkpoint is not None and size > self._max_checkpoint:
             raise InvalidCheckpoint(
                 f"{what} is {size:,} bytes of JSON, over the limit of {self._max_checkpoint:,}"
-                " (DTASK_MAX_CHECKPOINT): keep progress small (an offset, a cursor)"
+                " (DTASK_MAX_CHECKPOINT): keep progress small (an offset, a cursor, a total)"
             )
-        self._writer(state)
-        self._state = state
-        self._unsaved = None
-        if self._stop_requested():
-            raise ChildStopped(f"run {self.run_id} child {self.index} stopped at a checkpoint")
 
     @property
     def unsaved_checkpoint(self) -> Any:
         """Progress that ``resume`` made since its last write (committed with the finish)."""
-        return self._unsaved
+        if self._unsaved is None:
+            return None
+        progress = self._progress(self._unsaved)
+        self._check(progress)
+        return progress
+
+    def _progress(self, done: int) -> dict[str, Any]:
+        """What ``resume`` commits: its offset, with a copy of ``state`` when there is one (a
+        checkpoint without state keeps the format of the code before ``state``)."""
+        if not self.state:
+            return {"done": done}
+        bad = [key for key in self.state if not isinstance(key, str)]
+        if bad:
+            raise InvalidCheckpoint(
+                f"run {self.run_id} child {self.index}'s ctx.state has keys that are not"
+                f" strings ({bad[0]!r}): JSON would bring them back as text"
+            )
+        try:
+            state = json.loads(json.dumps(self.state, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidCheckpoint(
+                f"run {self.run_id} child {self.index}'s ctx.state is not JSON: {exc}"
+            ) from None
+        return {"done": done, "state": state}
 
     def should_stop(self) -> bool:
         """True when this worker must let go of the child: asked to hand it over, or it was
@@ -124,22 +164,31 @@ class ChildContext:
             if self._lease_lost():
                 raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
             if self._stop_requested():
-                self.checkpoint({"done": done})  # commits, then raises ChildStopped
+                self.checkpoint(self._progress(done))  # commits, then raises ChildStopped
             yield item
             done += 1
             since_write += 1
-            self._unsaved = {"done": done}
+            self._unsaved = done
             if since_write >= every or time.monotonic() - last_write >= interval:
-                self.checkpoint({"done": done})
+                self.checkpoint(self._progress(done))
                 since_write = 0
                 last_write = time.monotonic()
 
     def _resume_offset(self) -> int:
-        state = self._state
-        if state is None:
-            return 0
-        if isinstance(state, dict) and isinstance(state.get("done"), int):
-            return int(state["done"])
+        kept = _resumed(self._state)
+        if kept is not None:
+            return kept[0]
         raise ValueError(
-            f"checkpoint {state!r} was not written by resume(); use checkpoint_state directly"
+            f"checkpoint {self._state!r} was not written by resume(); use checkpoint_state directly"
         )
+
+
+def _resumed(checkpoint: Any) -> tuple[int, dict[str, Any] | None] | None:
+    """A checkpoint ``resume`` wrote: its offset and state (``{"done": k}`` before ``state``
+    existed, ``{"done": k, "state": {...}}`` since); (0, None) for none; None for another."""
+    if checkpoint is None:
+        return 0, None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("done"), int):
+        return None
+    state = checkpoint.get("state")
+    return int(checkpoint["done"]), state if isinstance(state, dict) else None

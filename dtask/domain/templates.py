@@ -282,6 +282,27 @@ class Template:
             )
         return self.submit(kwargs, key=key, **options)
 
+    def delay_on_commit(self, **variables: Any) -> None:
+        """``delay`` once the caller's database transaction commits, as Celery's
+        ``delay_on_commit`` (Django's ``transaction.on_commit``): a rollback triggers nothing;
+        outside a transaction, or where Django is not set up, it triggers at once. Returns
+        None, as Celery's does (the run does not exist yet); to have the run in the caller's
+        transaction, see ``dtask.submit(..., using=...)``."""
+        launcher().on_commit(lambda: self.delay(**variables))
+
+    def apply_async_on_commit(
+        self,
+        args: tuple[Any, ...] | list[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+        **options: Unpack[RunOptions],
+    ) -> None:
+        """``apply_async`` once the caller's transaction commits (see ``delay_on_commit``)."""
+        if args:  # refused now, not after the commit
+            self.apply_async(args, kwargs, key=key, **options)
+        launcher().on_commit(lambda: self.apply_async(kwargs=kwargs, key=key, **options))
+
     def s(self, *, key: str | None = None, **variables: Any) -> Any:
         """A Celery signature that submits a run when it is called (in a chain, a chord, a
         ``beat_schedule`` entry through ``add_periodic_task``): the task ``dtask.submit``,
@@ -362,6 +383,11 @@ class Launcher(Protocol):
     def signature(
         self, template: str, variables: dict[str, Any], *, key: str | None, immutable: bool
     ) -> Any: ...
+
+    def on_commit(self, callback: Callable[[], Any]) -> None:
+        """``callback()`` once the caller's transaction commits (never on a rollback), at once
+        outside a transaction."""
+        ...
 
 
 _launcher: Launcher | None = None

@@ -143,6 +143,8 @@ class Stack:
     def start(self) -> None:
         if self.flower:
             require("flower", "flower", "Flower (or start without it: dtask up --no-flower)")
+        if self.api:
+            require("fastapi", "api", "the dashboard (or start without it: dtask up --no-api)")
         resolved = services.ensure_broker()  # a mixed configuration is refused first
         self.settings = resolved.settings
         services.store()  # migrated before anything runs

@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dtask import settings as settings_module
@@ -54,6 +55,15 @@ def current() -> Services:
         return _current
 
 
+def refuse_mixed() -> None:
+    """A configuration that mixes shared and embedded services, refused before anything
+    embedded is started for it."""
+    resolved = _current
+    mixed = (resolved.settings if resolved else settings_module.load()).mixed_services()
+    if mixed is not None:
+        raise ConfigurationError(mixed)
+
+
 def ensure_broker() -> Services:
     """The services, once the broker and result backend can be used: a configuration that mixes
     shared and embedded services is refused first, and the embedded Redis started if it is one."""
@@ -61,9 +71,7 @@ def ensure_broker() -> Services:
     resolved = _current
     if resolved is not None and resolved is _broker_ready:
         return resolved
-    mixed = (resolved.settings if resolved else settings_module.load()).mixed_services()
-    if mixed is not None:  # before anything embedded is started for it
-        raise ConfigurationError(mixed)
+    refuse_mixed()
     resolved = current()
     if resolved.settings.embedded_broker or resolved.settings.embedded_result_backend:
         embedded.ensure_redis(resolved.settings.home)
@@ -75,10 +83,24 @@ def database_url() -> str:
     return current().database_url
 
 
+_instead: Callable[[Services], Store | None] | None = None
+
+
+def use_store(source: Callable[[Services], Store | None] | None) -> None:
+    """Where ``source`` gives a store, ``store()`` returns it instead of the resolved
+    database's (test mode's: dtask/worker/eager.py)."""
+    global _instead
+    _instead = source
+
+
 def store() -> Store:
     """This process's store for the resolved database (made once per process and pool size:
     every child asks for it twice, and making it cost 0.15 ms)."""
     resolved = current()
+    if _instead is not None:
+        instead = _instead(resolved)
+        if instead is not None:
+            return instead
     url = resolved.database_url
     limits = Limits.of(resolved.settings)
     key = (os.getpid(), url, limits)

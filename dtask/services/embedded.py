@@ -158,6 +158,7 @@ def _start_redis(home: Path, socket: Path) -> None:
         "--logfile", str(data / "redis.log"),
         "--save", "",
         "--appendonly", "no",
+        "--databases", "64",  # Redis's 16 are few for several apps (or test files) on one stack
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     deadline = time.monotonic() + 10

@@ -1,5 +1,6 @@
 """Optional parts of dtask, installed by extras: ``dtask[local]`` (the embedded PostgreSQL and
-Redis) and ``dtask[flower]``. A production worker needs neither."""
+Redis), ``dtask[api]`` (`dtask serve`: the HTTP API, the dashboard, /metrics) and
+``dtask[flower]``. A production worker needs none of them."""
 
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ def children(
         held = Held(claimed_at)
         try:
             for position, (index, spec) in enumerate(items):
-                if drain.DRAINING.is_set():
+                if drain.draining():
                     rest = [(int(i), s) for i, s in items[position:]]
                     for i, _ in rest:
                         if i in ahead:
@@ -213,5 +213,4 @@ def children(
             note_time(run_id, (time.monotonic() - began) / len(took))
             finalize_if_last(services.store(), run_id)
     finally:
-        if drain.DRAINING.is_set():
-            drain.leave()
+        drain.finished()

@@ -10,7 +10,9 @@ reaper starts.
 The app's own ``beat_schedule`` entries run as Celery's default scheduler runs them (in
 memory, from when this beat started), by one beat at a time: the one holding the lease
 ``beat_schedule`` in PostgreSQL, renewed every pass, taken over by another beat within
-``ENTRIES_LEASE`` seconds of its holder dying or freezing.
+``ENTRIES_LEASE`` seconds of its holder dying or freezing. With DTASK_BEAT_APP_ENTRIES off
+this beat leaves them (and Celery's default entries) to another beat, django-celery-beat's
+say, and fires only dtask's schedules.
 """
 
 from __future__ import annotations
@@ -188,18 +190,37 @@ def beat_pass() -> float:
 
 
 class DatabaseScheduler(Scheduler):  # type: ignore[misc]
-    """A Celery beat scheduler for dtask's schedules in PostgreSQL and the app's own
-    ``beat_schedule`` entries (the module's docstring says how each runs once)."""
+    """A Celery beat scheduler for dtask's schedules in PostgreSQL and, unless
+    DTASK_BEAT_APP_ENTRIES is off, the app's own ``beat_schedule`` entries (the module's
+    docstring says how each runs once)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.leading = False
+        self.app_entries = services.current().settings.beat_app_entries
         super().__init__(*args, **kwargs)
         self.max_interval = MAX_SLEEP
 
     def setup_schedule(self) -> None:
         services.load_templates()
+        entries = ", ".join(sorted(self.app.conf.beat_schedule)) or "none now"
+        if not self.app_entries:  # self.schedule stays empty: no lease, nothing of the app's
+            log.info(
+                "beat: the app's beat_schedule entries (%s) are left to another beat"
+                " (DTASK_BEAT_APP_ENTRIES is off); this beat fires dtask's schedules",
+                entries,
+            )
+            return
         super().setup_schedule()  # the app's beat_schedule (and Celery's default entries)
+        other = _other_scheduler(self.app.conf.beat_scheduler)
+        if other is not None and self.app.conf.beat_schedule:
+            log.warning(
+                "beat: this beat sends the app's beat_schedule entries (%s), and the app names"
+                " another scheduler for them (beat_scheduler = %s): if that beat runs too, each"
+                " entry is sent twice; set DTASK_BEAT_APP_ENTRIES=0 to leave them to it",
+                entries,
+                other,
+            )
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         leading = bool(self.schedule) and self._lead()  # renewed before a pass that may block
@@ -249,5 +270,24 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
 
     @property
     def info(self) -> str:
+        if not self.app_entries:
+            entries = "the app's beat_schedule left to another beat (DTASK_BEAT_APP_ENTRIES=0)"
+            return f"    . schedules -> dtask_schedules in PostgreSQL; {entries}"
         entries = f"{len(self.schedule)} entries of beat_schedule (one beat at a time)"
         return f"    . schedules -> dtask_schedules in PostgreSQL, and {entries}"
+
+
+_NOT_OTHERS = ("dtask.worker.beat.DatabaseScheduler", "celery.beat.PersistentScheduler")
+
+
+def _other_scheduler(configured: object) -> str | None:
+    """The scheduler the app's configuration names for its beat, when it is neither Celery's
+    default nor this one (django-celery-beat's: a beat of its own sends the entries)."""
+    if not configured:
+        return None
+    if isinstance(configured, type):
+        if issubclass(configured, DatabaseScheduler):
+            return None
+        configured = f"{configured.__module__}:{configured.__qualname__}"
+    name = str(configured)
+    return None if name.replace(":", ".") in _NOT_OTHERS else name

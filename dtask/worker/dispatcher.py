@@ -22,6 +22,7 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, window
+from dtask.worker import scope
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import broker_priority, publish
 from dtask.worker.loop import Loop
@@ -179,8 +180,10 @@ def install() -> None:
     worker_shutting_down.connect(_stop, weak=False)
 
 
-def _start(**_: Any) -> None:
+def _start(sender: Any = None, **_: Any) -> None:
     global _loop
+    if not scope.serves(getattr(sender, "app", None)):
+        return  # another app's worker (dtask/worker/scope.py)
     settings = services.current().settings
     if _loop is None and settings.dispatch == "window":
         _loop = Loop("dispatcher", settings.dispatch_interval, _here.once)

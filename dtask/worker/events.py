@@ -11,6 +11,8 @@ from typing import Any
 from celery import bootsteps
 from celery.signals import celeryd_init
 
+from dtask.worker import scope
+
 FLUSH_EVERY = 0.1  # seconds
 BUFFER_LIMIT = 500  # events
 
@@ -53,7 +55,9 @@ class BatchedEvents(bootsteps.StartStopStep):  # type: ignore[misc]
 
 
 def _add_step(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    if instance is not None and BatchedEvents not in instance.app.steps["consumer"]:
+    if instance is None or not scope.serves(instance.app):
+        return  # another app's worker (dtask/worker/scope.py)
+    if BatchedEvents not in instance.app.steps["consumer"]:
         instance.app.steps["consumer"].add(BatchedEvents)
 
 

@@ -143,7 +143,7 @@ def run_child(
     began = time.monotonic()
     try:
         store = services.store()
-        if drain.DRAINING.is_set():  # stopping: let another process take it
+        if drain.draining():  # stopping: let another process take it
             hand_over(store, run_id, template, [(index, spec)])
             raise Ignore()
         if template not in registry:  # a rolling deploy: leave it, unclaimed, to other workers
@@ -288,7 +288,7 @@ def _run_claimed(
                 max_checkpoint=config.max_checkpoint,
                 lease_lost=beat.lease_lost,
                 stop_requested=lambda: (
-                    beat.stop_requested.is_set() or drain.DRAINING.is_set() or cap.exceeded()
+                    beat.stop_requested.is_set() or drain.draining() or cap.exceeded()
                 ),
             )
             with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
@@ -297,7 +297,8 @@ def _run_claimed(
                 raise LeaseLost(f"run {run_id} child {index} was taken over elsewhere")
             what = f"run {run_id} child {index}"
             result = encode_result(value, config.max_child_result, what, "DTASK_MAX_CHILD_RESULT")
-            fenced_write(lambda: finished(claim, ctx.unsaved_checkpoint, result))
+            final = ctx.unsaved_checkpoint  # with ctx.state: checked as any checkpoint
+            fenced_write(lambda: finished(claim, final, result))
     except (LeaseLost, DatabaseUnavailable) as exc:
         if beat.expired() and not beat.lost.is_set():
             moved = _fence_moved(store, claim)

@@ -10,6 +10,8 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
+from dtask.worker import scope
+
 log = logging.getLogger("dtask.worker")
 
 
@@ -43,13 +45,13 @@ class Loop:
 
 
 def in_worker(name: str, interval: float, once: Callable[[], int | None]) -> None:
-    """Run ``once`` in a :class:`Loop` in every worker's main process, from the moment the
-    worker is ready until it shuts down."""
+    """Run ``once`` in a :class:`Loop` in the main process of every worker of dtask's app
+    (dtask/worker/scope.py), from the moment the worker is ready until it shuts down."""
     loop = Loop(name, interval, once)
     started = threading.Event()
 
-    def start(**_: Any) -> None:
-        if not started.is_set():
+    def start(sender: Any = None, **_: Any) -> None:
+        if not started.is_set() and scope.serves(getattr(sender, "app", None)):
             started.set()
             loop.start()
 

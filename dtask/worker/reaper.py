@@ -35,7 +35,7 @@ from dtask.domain.dispatch import batch_size
 from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
-from dtask.worker import registry
+from dtask.worker import chains, registry, scope
 from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_finalize, send_master
@@ -192,6 +192,11 @@ def reap_once() -> Pass:
                     late.run_id, late.deadline.isoformat(timespec="seconds"), late.tolerance,
                     "; failed instead of running late (on_late=fail)" if late.failed else "",
                 )  # fmt: skip
+        if budget.left():  # chains of runs ended where no finalizer sent them (a cancel)
+            hand = partial(
+                chains.reap, store, config.stall_timeout, CALLBACK_GRACE, lambda: sender.producer
+            )
+            guard("handing over the chains of ended runs", None, hand)
         resent = 0
         if budget.left() and LostMessages.due(config.stall_timeout):
             lost = partial(_resend, store, config, budget, sender)
@@ -333,9 +338,9 @@ def install() -> None:
     worker_shutting_down.connect(_stop, weak=False)
 
 
-def _start(**_: Any) -> None:
+def _start(sender: Any = None, **_: Any) -> None:
     global _reaper
-    if _reaper is None:
+    if _reaper is None and scope.serves(getattr(sender, "app", None)):
         _reaper = Reaper(services.current().settings.reaper_interval)
         _reaper.start()
 

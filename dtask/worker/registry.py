@@ -19,6 +19,7 @@ from dtask.db import WorkerInfo
 from dtask.domain.dispatch import runnable
 from dtask.domain.templates import registry
 from dtask.domain.tiers import DEFAULT_QUEUE
+from dtask.worker import scope
 
 log = logging.getLogger("dtask.worker")
 _me: tuple[str, tuple[str, ...], int] | None = None
@@ -52,6 +53,8 @@ def report() -> None:
 
 def _ready(sender: Any = None, **_: Any) -> None:
     global _me
+    if not scope.serves(getattr(sender, "app", None)):
+        return  # another app's worker (dtask/worker/scope.py)
     with _lock:
         _me = describe(sender)
     try:

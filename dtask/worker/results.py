@@ -13,6 +13,7 @@ from dtask.db.runs import Reducer
 from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
+from dtask.worker import chains
 from dtask.worker.dispatch import forget_chord, send_master
 
 log = logging.getLogger("dtask.worker")
@@ -56,12 +57,15 @@ def finalize_run(
     the masters of the dependents its success released, and drop what Celery's result
     backend still keeps of the run's chord (once, by the call that ended it): its done
     marker turns the parts still to return (the last child's own, a batch's) into no-ops.
-    ``chord=False``: the run's children sent no message (a child run by its master)."""
+    ``chord=False``: the run's children sent no message (a child run by its master). The
+    Celery chains waiting for the run it ended go on (``dtask.worker.chains``)."""
     released: list[int] = []
     ended: list[str] = []
     state = store.runs.finalize(
         run_id, wait, reducer, released, ended if chord else None, reduces=runs_user_code
     )
+    if state.finished:
+        chains.after_finish(services.store(), run_id, producer)
     start_released(run_id, released, producer)
     for group in ended:
         forget(run_id, group)

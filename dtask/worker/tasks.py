@@ -4,6 +4,8 @@ master   pending -> splitting (children inserted once) -> running (chord sent); 
          child nothing competes with: its child taken at the split and run here
 child    one child's lifecycle (dtask/worker/lifecycle.py)
 finalize (the chord callback, also its errback) marks the master from PostgreSQL's counts
+submit   a run from a Celery signature; in a chain, the rest of it waits for the run
+chains   the chains waiting for a run that ended, sent by a pool process (dtask/worker/chains.py)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dtask.exceptions import (
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import dispatcher, drain
+from dtask.worker import chains, dispatcher, drain
 from dtask.worker.app import app
 from dtask.worker.dispatch import (
     CHILD,
@@ -100,12 +102,17 @@ def template_wait(settings: Settings) -> float:
 
 
 def run_master(
-    store: Store, run_id: int, wait: bool = True, here: list[Here] | None = None
+    store: Store,
+    run_id: int,
+    wait: bool = True,
+    here: list[Here] | None = None,
+    send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None] | None = None,
 ) -> RunState:
     """Split and dispatch ``run_id`` if that has not happened yet (the master task's body).
     Raises TemplateElsewhere, leaving the run pending, when this worker does not know the
     template and others may still take it. With ``here``, a run of one child the dispatcher
-    would send at once is not sent: ``here`` gets its child, for the caller to run."""
+    would send at once is not sent: ``here`` gets its child, for the caller to run. With
+    ``send``, the children go to it instead of the broker (test mode: dtask/worker/eager.py)."""
     settings = services.current().settings
 
     def plan(run: RunRecord) -> list[str]:
@@ -122,7 +129,7 @@ def run_master(
         with time_limit(settings.split_timeout, f"the split of template {template.name!r}"):
             return template.plan(run.variables, settings.max_children, settings.max_child_spec)
 
-    deferred = settings.dispatch == "window"  # the dispatcher sends the children
+    deferred = send is None and settings.dispatch == "window"  # the dispatcher sends them
     # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it here
     take = None
     if here is not None and settings.dispatch_window is None:
@@ -135,7 +142,7 @@ def run_master(
         if starts_in > 0:
             raise NotDue(starts_in)
     if state is RunState.SPLITTING:
-        state = store.runs.dispatch(run_id, send_chord, wait=wait, deferred=deferred)
+        state = store.runs.dispatch(run_id, send or send_chord, wait=wait, deferred=deferred)
         if deferred and state is RunState.RUNNING:
             dispatcher.nudge()
     return state
@@ -143,6 +150,7 @@ def run_master(
 
 @dtask_task(MASTER, bind=True, ignore_result=True, max_retries=None)
 def master(self: Task, run_id: int) -> None:
+    drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
     here: list[Here] = []
     try:
         state = run_master(services.store(), run_id, here=here)
@@ -155,6 +163,8 @@ def master(self: Task, run_id: int) -> None:
     except NotDue as early:  # a duplicate or early message: wake again when it is due
         raise self.retry(countdown=early.seconds, max_retries=None) from None
     log.info("run %s is %s", run_id, state.value)
+    if state.finished:  # its split failed: a chain waiting for it fails with its error
+        chains.after_finish(services.store(), run_id)
     for child in here:
         child.run()
 
@@ -177,7 +187,7 @@ class Here:
         store = services.store()
         alone = registry.get(self.template).reduce is None
         try:
-            if drain.DRAINING.is_set():  # stopping: let another process take it
+            if drain.draining():  # stopping: let another process take it
                 self.retry(0.0)
             took = run_child(
                 self, self.run_id, self.index, self.template, self.claim.spec, False,
@@ -186,8 +196,7 @@ class Here:
         except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
             return
         finally:
-            if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
-                drain.leave()
+            drain.finished()  # a process that got SIGTERM takes no further work
         if took is not None and not self.finished_run:
             try:
                 state = finalize_run(store, self.run_id, chord=False)
@@ -198,8 +207,12 @@ class Here:
                 )
 
     def finish(self, claim: Claim, checkpoint: Any | None, result: str | None) -> None:
-        released = services.store().runs.finish_alone(self.run_id, claim, checkpoint, result)
+        chained: list[int] = []
+        store = services.store()
+        released = store.runs.finish_alone(self.run_id, claim, checkpoint, result, chained)
         self.finished_run = released is not None
+        if chained:
+            chains.after_finish(store, self.run_id)
         if released:
             start_released(self.run_id, released)
 
@@ -214,15 +227,18 @@ class Here:
         pass
 
 
-@dtask_task(SUBMIT, ignore_result=False)
+@dtask_task(SUBMIT, bind=True, ignore_result=False)
 def submit_run(
+    self: Task,
     *previous: Any,
     template: str,
     variables: dict[str, Any],
     key: str | None = None,
 ) -> int:
     """A run started by a Celery signature (``Template.s``/``si``: a chain, a canvas, a beat
-    entry): its id. In a chain the previous result, if a dict, adds variables."""
+    entry): its id. In a chain the previous result, if a dict, adds variables; what follows
+    it in the chain (and its ``link`` / ``link_error``) waits for the run to finish and gets
+    the run's result, or fails with its error (``dtask.worker.chains``)."""
     given = dict(variables)
     if previous:
         upstream = previous[0]
@@ -233,7 +249,17 @@ def submit_run(
                 f"template {template!r} got {upstream!r} from the previous task: a chain passes"
                 " a dict of variables (or use .si() to ignore it)"
             )
-    return launcher().submit(template, given, key=key).id
+    run_id: int = launcher().submit(template, given, key=key).id
+    chains.take_over(self, services.store(), run_id)
+    return run_id
+
+
+@dtask_task(chains.CHAINS, ignore_result=True)
+def continue_chains(run_id: int) -> None:
+    """The chains waiting for a run that ended, sent by a pool process (asked by the reaper,
+    or by a finalize outside a task): a failed run's errbacks are user code."""
+    if chains.continue_chains(services.store(), run_id):
+        log.info("run %s: its chains were sent", run_id)
 
 
 class Single:
@@ -265,8 +291,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
         if took is not None and noted(index):
             note_time(run_id, took)
     finally:
-        if drain.DRAINING.is_set():  # this process got SIGTERM: it takes no further work
-            drain.leave()
+        drain.finished()  # a process that got SIGTERM takes no further work
 
 
 def _ended_for_flower(task: Task) -> None:

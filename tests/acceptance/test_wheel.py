@@ -68,6 +68,28 @@ def _clean_env(**settings: str) -> dict[str, str]:
     return {**env, **settings}
 
 
+def test_the_base_wheel_is_a_worker_s_and_serve_says_which_extra_it_needs(
+    venv: Path, tmp_path: Path
+) -> None:
+    """Without dtask[api] a worker, beat or web process carries no HTTP server (FastAPI,
+    uvicorn, pydantic's web stack); `dtask serve` says in one line what to install."""
+    python = str(venv / "python")
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        found = subprocess.run(
+            [python, "-c", f"import {module}"], cwd=tmp_path, env=_clean_env(),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert found.returncode != 0, f"{module} was installed without dtask[api]"
+    result = subprocess.run(
+        [str(venv / "dtask"), "serve"], cwd=tmp_path,
+        env=_clean_env(DTASK_DATABASE_URL="postgresql://nobody@127.0.0.1:1/none"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "pip install 'dtask[api]'" in result.stderr, result.stderr
+
+
 def test_without_the_local_extra_the_embedded_default_says_what_to_install(
     venv: Path, tmp_path: Path
 ) -> None:

@@ -1,0 +1,64 @@
+"""Scoped policy (dtask/worker/scope.py): a worker of another Celery app than the adopted one is
+left to Celery; a stopping worker's main process signals only the pool processes that run
+dtask's children (dtask/worker/drain.py), leaving a host's own task to Celery's warm shutdown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+from celery import Celery
+from celery.worker import state as worker_state
+
+from dtask.worker import adopt, drain, events, scope
+
+
+class Request:
+    """What the forward reads of a Celery request accepted by a pool process."""
+
+    def __init__(self, name: str, pid: int) -> None:
+        self.type, self.worker_pid = name, pid
+
+
+@pytest.fixture
+def pool() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = {name: subprocess.Popen(sleep) for name in ("dtask.child", "reports.slow_report")}
+    requests = [Request(name, p.pid) for name, p in procs.items()]
+    for request in requests:
+        worker_state.active_requests.add(request)
+    yield procs
+    for request in requests:
+        worker_state.active_requests.discard(request)
+    for p in procs.values():
+        p.kill()
+        p.wait(10)
+    drain._stopping[0] = 0
+
+
+def test_the_shutdown_signals_only_pool_processes_running_dtasks_tasks(
+    pool: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    drain._forward_to_pool()
+    assert pool["dtask.child"].wait(10) == -15
+    assert pool["reports.slow_report"].poll() is None
+    assert drain.stopping() and drain.draining()  # what the pool processes read from now on
+
+
+def test_a_worker_of_another_app_gets_no_policy_of_dtasks() -> None:
+    other = Celery("other", set_as_current=False)
+    worker = SimpleNamespace(app=other)
+    try:
+        events._add_step(instance=worker)
+        adopt._before_start(  # Celery's celeryd_init, for `celery -A proj.other worker`
+            sender="other@host", instance=worker, conf=other.conf,
+            options={"prefetch_multiplier": 8},
+        )  # fmt: skip
+        assert not scope.this_worker()
+    finally:
+        scope._worker_app = None
+    assert "dtask" not in other.amqp.queues
+    assert events.BatchedEvents not in other.steps["consumer"]
