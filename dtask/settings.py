@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from dtask import settings_source
 from dtask.exceptions import ConfigurationError
 
 PREFIX = "DTASK_"
@@ -397,18 +398,6 @@ def _typos(environ: Mapping[str, str]) -> list[str]:
     return problems
 
 
-_source: Callable[[], Mapping[str, Any]] | None = None
-_fixed: frozenset[str] = frozenset()
-
-
-def use_source(source: Callable[[], Mapping[str, Any]] | None, fixed: tuple[str, ...] = ()) -> None:
-    """Settings to use where no DTASK_* variable is set, read on each ``load`` (a host Celery
-    app's ``dtask_*`` configuration, installed by ``dtask.init_app``). The ``fixed`` ones
-    (its broker and result backend: messages go through them) no variable may change."""
-    global _source, _fixed
-    _source, _fixed = source, frozenset(fixed)
-
-
 def secrets_dir() -> Path | None:
     """Where settings may also come from files named like them in lower case
     (``dtask_database_url``): Docker's and Compose's ``/run/secrets``, or DTASK_SECRETS_DIR.
@@ -422,9 +411,10 @@ def load() -> Settings:
     ConfigurationError line."""
     problems = _typos(os.environ)
     given = {}
-    for name, value in (_source() if _source is not None else {}).items():
+    source = settings_source.current() or settings_source.Source(dict, frozenset())
+    for name, value in source.read().items():
         variable = os.environ.get(env_name(name))
-        if name not in Settings.model_fields or (variable and name not in _fixed):
+        if name not in Settings.model_fields or (variable and name not in source.fixed):
             continue
         if variable and variable != value:
             problems.append(

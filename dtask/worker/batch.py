@@ -29,7 +29,7 @@ from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain, links
-from dtask.worker.dispatch import CHILDREN, publish
+from dtask.worker.dispatch import publish
 from dtask.worker.lifecycle import (
     Writes,
     finalize_if_last,
@@ -40,6 +40,7 @@ from dtask.worker.lifecycle import (
     run_child,
     template_backoff,
 )
+from dtask.worker.task_table import CHILDREN
 from dtask.worker.tasks import dtask_task
 
 log = logging.getLogger("dtask.worker")
@@ -165,7 +166,7 @@ def _unclaim(claim: Claim) -> None:
         services.store().children.unclaim(claim)
 
 
-@dtask_task(CHILDREN, bind=True, max_retries=None, track_started=False, ignore_result=True)
+@dtask_task(CHILDREN)
 def children(
     self: Task,
     run_id: int,

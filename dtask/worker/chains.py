@@ -29,10 +29,9 @@ from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
 from dtask.exceptions import RunCancelled, RunFailed
 from dtask.worker.app import current
+from dtask.worker.task_table import CHAINS
 
 log = logging.getLogger("dtask.worker")
-
-CHAINS = "dtask.chains"
 
 
 class ChainStore(Protocol):

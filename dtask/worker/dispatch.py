@@ -18,12 +18,7 @@ from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
 from dtask.worker.app import configure, current
 from dtask.worker.config import DEFAULT_QUEUE
-
-MASTER = "dtask.master"
-CHILD = "dtask.child"
-CHILDREN = "dtask.children"  # several short children of one run in one message
-FINALIZE = "dtask.finalize"
-SUBMIT = "dtask.submit"
+from dtask.worker.task_table import CHILD, CHILDREN, FINALIZE, MASTER, SUBMIT
 
 
 def submit_signature(

@@ -44,7 +44,7 @@ from celery.worker.control import control_command
 
 from dtask.worker import scope
 from dtask.worker.app import current
-from dtask.worker.dispatch import CHILD, CHILDREN, MASTER
+from dtask.worker.task_table import CHILD, CHILDREN, MASTER
 
 log = logging.getLogger("dtask.drain")
 

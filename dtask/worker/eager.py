@@ -37,9 +37,6 @@ from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable
 from dtask.worker.app import current
-from dtask.worker.lifecycle import run_child
-from dtask.worker.results import finalize_run
-from dtask.worker.tasks import run_master
 
 log = logging.getLogger("dtask.worker")
 
@@ -109,6 +106,10 @@ class _Delivery:
 def run(run_id: int) -> RunState:
     """Split the run, run each of its children here, finalize it: its final state (or its
     state where it could not start: waiting for upstream runs, or failed at its split)."""
+    # the worker's modules, loaded only where runs execute in process: a submit needs none
+    from dtask.worker.results import finalize_run
+    from dtask.worker.tasks import run_master
+
     store = services.store()
     children: list[tuple[int, dict[str, Any]]] = []
 
@@ -127,6 +128,8 @@ def run(run_id: int) -> RunState:
 
 
 def _run_child(run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
+    from dtask.worker.lifecycle import run_child
+
     delivery = _Delivery()
     tries = 2 * registry.get(template).options.max_attempts + 2  # bounds a refusal's loop
     while True:

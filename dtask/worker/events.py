@@ -9,9 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from celery import bootsteps
-from celery.signals import celeryd_init
-
-from dtask.worker import scope
 
 FLUSH_EVERY = 0.1  # seconds
 BUFFER_LIMIT = 500  # events
@@ -54,12 +51,7 @@ class BatchedEvents(bootsteps.StartStopStep):  # type: ignore[misc]
             c.event_dispatcher.flush()
 
 
-def _add_step(sender: Any = None, instance: Any = None, **_: Any) -> None:
-    if instance is None or not scope.serves(instance.app):
-        return  # another app's worker (dtask/worker/scope.py)
-    if BatchedEvents not in instance.app.steps["consumer"]:
-        instance.app.steps["consumer"].add(BatchedEvents)
-
-
-def install() -> None:
-    celeryd_init.connect(_add_step, weak=False)
+def add_step(worker: Any) -> None:
+    """Batched events on ``worker``'s consumer (a worker of dtask's app, as it starts)."""
+    if BatchedEvents not in worker.app.steps["consumer"]:
+        worker.app.steps["consumer"].add(BatchedEvents)

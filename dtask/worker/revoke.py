@@ -20,8 +20,8 @@ from celery.signals import task_revoked
 
 from dtask import services
 from dtask.domain.runs import RunState
-from dtask.worker.dispatch import CHILD, CHILDREN, MASTER
 from dtask.worker.results import finalize_run, forget_run
+from dtask.worker.task_table import CHILD, CHILDREN, MASTER
 
 log = logging.getLogger("dtask.worker")
 

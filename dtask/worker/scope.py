@@ -9,11 +9,16 @@ hand-over on SIGTERM (invariant 15)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
+
+from celery import Celery
 
 from dtask.worker.app import current
 
+CELERY_DEFAULT_PREFETCH = 4
 _worker_app: Any = None  # the app of this process's worker, from its celeryd_init
+lowered: weakref.WeakSet[Celery] = weakref.WeakSet()  # adopted apps whose default 4 became 1
 
 
 def serves(app: Any) -> bool:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from celery import Celery, Task
+from celery import Task
 from celery.exceptions import Ignore
 
 from dtask import services
@@ -31,16 +31,9 @@ from dtask.exceptions import (
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import chains, dispatcher, drain
+from dtask.worker import chains, dispatcher, drain, task_table
 from dtask.worker.app import app
-from dtask.worker.dispatch import (
-    CHILD,
-    FINALIZE,
-    MASTER,
-    SUBMIT,
-    readable,
-    send_chord,
-)
+from dtask.worker.dispatch import readable, send_chord
 from dtask.worker.lifecycle import (
     Writes,
     hand_over,
@@ -51,37 +44,22 @@ from dtask.worker.lifecycle import (
     template_backoff,
 )
 from dtask.worker.results import finalize_run, start_released
+from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, SUBMIT
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
 
 
-TASKS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
-
-
-def dtask_task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """A dtask task on dtask's own app (and, as Celery's ``shared`` tasks are, on every app
-    finalized later), remembered so ``register`` can put it on a host app already finalized.
-    Acked late and rejected when their process dies: PostgreSQL, not the ack, decides."""
-    settings = {
-        "name": name,
-        "acks_late": True,
-        "reject_on_worker_lost": True,
-        "serializer": "json",
-        **options,
-    }
+def dtask_task(name: str) -> Callable[[Callable[..., Any]], Any]:
+    """The task ``name`` (options from dtask/worker/task_table.py) on dtask's own app (and, as
+    Celery's ``shared`` tasks are, on every app finalized later); a host app gets it through
+    the table's entry."""
 
     def decorate(function: Callable[..., Any]) -> Any:
-        TASKS[name] = (function, settings)
-        return app.task(**settings)(function)
+        task_table.implements(name, function)
+        return app.task(**task_table.options(name))(function)
 
     return decorate
-
-
-def register(host: Celery) -> None:
-    """dtask's tasks on ``host`` (``dtask.init_app``)."""
-    for function, settings in TASKS.values():
-        host.task(shared=False, **settings)(function)
 
 
 class TemplateElsewhere(Exception):
@@ -148,7 +126,7 @@ def run_master(
     return state
 
 
-@dtask_task(MASTER, bind=True, ignore_result=True, max_retries=None)
+@dtask_task(MASTER)
 def master(self: Task, run_id: int) -> None:
     drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
     here: list[Here] = []
@@ -227,7 +205,7 @@ class Here:
         pass
 
 
-@dtask_task(SUBMIT, bind=True, ignore_result=False)
+@dtask_task(SUBMIT)
 def submit_run(
     self: Task,
     *previous: Any,
@@ -254,7 +232,7 @@ def submit_run(
     return run_id
 
 
-@dtask_task(chains.CHAINS, ignore_result=True)
+@dtask_task(CHAINS)
 def continue_chains(run_id: int) -> None:
     """The chains waiting for a run that ended, sent by a pool process (asked by the reaper,
     or by a finalize outside a task): a failed run's errbacks are user code."""
@@ -281,7 +259,7 @@ class Single:
 
 # track_started=False: a child's "running" lives in PostgreSQL (and Flower gets the
 # task-started event either way); Celery's STARTED result would cost 3 Redis commands per child.
-@dtask_task(CHILD, bind=True, max_retries=None, track_started=False)
+@dtask_task(CHILD)
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     drain.arm()
@@ -304,7 +282,7 @@ def _ended_for_flower(task: Task) -> None:
         log.debug("could not send task-revoked: %s", exc)
 
 
-@dtask_task(FINALIZE, ignore_result=True)
+@dtask_task(FINALIZE)
 def finalize(run_id: int) -> None:
     state = finalize_run(services.store(), run_id)
     log.info("run %s finalized: %s", run_id, state.value)

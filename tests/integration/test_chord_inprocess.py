@@ -21,10 +21,11 @@ from dtask.worker.tasks import child
 def celery_app(dtask_env: dict[str, str]) -> Iterator[Celery]:
     import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping for the fixture)
 
-    from dtask.worker import configure
+    from dtask.worker import configure, load
     from dtask.worker.dispatcher import Dispatcher
     from dtask.worker.loop import Loop
 
+    load()
     app = configure()
     # What `dtask worker` does around its pool: report its slots, run a dispatcher loop.
     workers = services.store().workers

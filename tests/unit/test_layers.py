@@ -90,3 +90,28 @@ def test_pure_modules_load_no_services_library() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_adopting_an_app_loads_none_of_what_only_workers_need() -> None:
+    """``dtask.init_app`` in a web process or beat (issue 36): no SQLAlchemy, no driver, no
+    pydantic settings, no worker module beyond the app and its task table, until the first
+    submit; a worker loads the rest at its celeryd_init (tests/acceptance/test_django_worker)."""
+    probe = (
+        "import sys\n"
+        "from celery import Celery\n"
+        "import dtask\n"
+        "app = dtask.init_app(Celery('proj', broker='redis://127.0.0.1:1/0'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+        " ('sqlalchemy', 'psycopg', 'pydantic', 'pydantic_settings', 'alembic')"
+        " or (m.startswith('dtask.') and m.split('.')[1] in ('db', 'services', 'client'))"
+        " or m in ('dtask.settings', 'dtask.worker.tasks', 'dtask.worker.lifecycle')))\n"
+        "print(sorted(n for n in app.tasks if n.startswith('dtask.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.splitlines()
+    assert out[0] == "[]"
+    assert out[1] == repr(
+        sorted(["dtask.chains", "dtask.child", "dtask.children", "dtask.finalize"]
+               + ["dtask.master", "dtask.submit"])
+    )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 from celery.worker import state as worker_state
 
-from dtask.worker import adopt, drain, events, scope
+from dtask.worker import drain, events, scope, startup
 
 
 class Request:
@@ -52,8 +52,7 @@ def test_a_worker_of_another_app_gets_no_policy_of_dtasks() -> None:
     other = Celery("other", set_as_current=False)
     worker = SimpleNamespace(app=other)
     try:
-        events._add_step(instance=worker)
-        adopt._before_start(  # Celery's celeryd_init, for `celery -A proj.other worker`
+        startup.before_start(  # Celery's celeryd_init, for `celery -A proj.other worker`
             sender="other@host", instance=worker, conf=other.conf,
             options={"prefetch_multiplier": 8},
         )  # fmt: skip

@@ -1,0 +1,185 @@
+"""A worker of the adopted app (or ``dtask worker``) starting: what ``dtask.init_app`` defers
+to Celery's ``celeryd_init`` so that a process that only sends loads none of it.
+
+``install`` imports dtask's tasks and loops and connects their handlers; ``before_start``
+checks the worker before its pool forks: the queues it consumes, its prefetch, the connection
+budget (see dtask/worker/adopt.py for the whole story)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from celery.signals import celeryd_after_setup, worker_init, worker_process_init
+from celery.utils.text import str_to_list
+
+from dtask import services
+from dtask.db.engine import as_pool_process
+from dtask.domain.limits import over_budget
+from dtask.domain.templates import registry as templates
+from dtask.domain.tiers import base_queue
+from dtask.exceptions import DtaskError
+from dtask.worker import (
+    dispatcher,
+    drain,
+    events,
+    load,
+    monitor,
+    notifier,
+    reaper,
+    registry,
+    scope,
+)
+from dtask.worker.config import DEFAULT_QUEUE
+
+log = logging.getLogger("dtask.worker")
+_stock_prefetch = False  # this worker consumes none of dtask's queues: it gets the 4 back
+_installed = False
+
+
+def install() -> None:
+    """dtask's tasks and worker-side handlers, once per process, from its first celeryd_init
+    (every later worker signal fires after it)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    load()
+    drain.install()  # first on worker_shutting_down: the hand-over starts before anything else
+    registry.install()
+    reaper.install()
+    dispatcher.install()
+    notifier.install()
+    monitor.install()
+    worker_init.connect(_import_driver, weak=False)
+    worker_process_init.connect(_as_pool_process, weak=False)
+    celeryd_after_setup.connect(_check_queues, weak=False)
+
+
+def before_start(
+    sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None, **_: Any
+) -> None:
+    global _stock_prefetch
+    app: Any = getattr(instance, "app", None)
+    if app is None or not scope.starting(app):
+        return  # another app's worker: stock Celery
+    events.add_step(instance)
+    options = options or {}
+    _load_templates()
+    queues = app.amqp.queues
+    # Celery's Queues keeps the set a worker without -Q consumes as it was when made: add()
+    # would only route to dtask's queue. select_add joins that set; -Q, applied after this
+    # signal, still narrows the worker to what it names (then _check_queues warns).
+    queues.select_add(DEFAULT_QUEUE)
+    given = options.get("prefetch_multiplier")
+    if _consumes_dtask(_consumed(queues, options)):
+        prefetch = conf.worker_prefetch_multiplier if given is None else given
+        if int(prefetch) != 1:
+            print(
+                f"dtask: worker_prefetch_multiplier is {prefetch}; dtask's children need 1 (a"
+                " prefetched child waits behind a long one where no other worker can take it):"
+                " remove the setting or pass --prefetch-multiplier 1",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2)
+    elif app in scope.lowered and not _on_command_line("prefetch_multiplier"):
+        _stock_prefetch = True  # none of dtask's work here: Celery's default (at worker_init)
+    _check_connections(str(sender or ""), options, conf)
+    resolved = services.current().settings
+    if resolved.embedded_database:
+        print(
+            f"dtask worker: using the embedded PostgreSQL and Redis in {resolved.home}, which only"
+            " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
+            flush=True,
+        )
+
+
+def _load_templates() -> None:
+    """The templates ``dtask_templates`` names, imported in the main process before the pool
+    forks (as ``dtask worker`` does): every pool process knows them, and their queues count
+    as dtask's. A module that fails is logged; its runs' masters then say so."""
+    try:
+        services.load_templates(services.current().settings)
+    except DtaskError as exc:
+        log.warning("dtask: %s", exc)
+
+
+def _consumed(queues: Any, options: dict[str, Any]) -> set[str]:
+    """The queues the worker starting with ``options`` will consume, as Celery's
+    ``setup_queues`` (after celeryd_init) selects them: -Q's, else the default set; less -X's."""
+    include = [q for q in str_to_list(options.get("queues") or []) if q]
+    exclude = set(str_to_list(options.get("exclude_queues") or []))
+    names = include or [q.name for q in queues.consume_from.values()]
+    return {name for name in names if name not in exclude}
+
+
+def _consumes_dtask(consumed: Iterable[str]) -> bool:
+    """Whether any of ``consumed`` is dtask's: its queue, a template's, or a tier of either."""
+    own = {DEFAULT_QUEUE} | {t.options.queue for t in templates.all() if t.options.queue}
+    return any(base_queue(name) in own for name in consumed)
+
+
+def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
+    """Refuse to start where this worker and the live ones could together hold more
+    PostgreSQL connections than the server allows (each pool stops at its size)."""
+    autoscale = options.get("autoscale")
+    concurrency = int(
+        (str(autoscale).split(",")[0] if autoscale else None)
+        or options.get("concurrency")
+        or conf.worker_concurrency
+        or os.cpu_count()
+        or 1
+    )
+    try:
+        resolved = services.current().settings
+        store = services.store()
+        most, usable = store.workers.server_connections()
+        others = [
+            w.slots for w in store.workers.live(resolved.worker_seen_within) if w.name != name
+        ]
+    except DtaskError as exc:  # PostgreSQL is down: the worker waits for it like any other
+        log.warning("dtask: cannot check the PostgreSQL connection budget now: %s", exc)
+        return
+    refusal = over_budget(concurrency, resolved.db_pool, others, usable, most)
+    if refusal is not None:
+        print(f"dtask worker: {refusal}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def _as_pool_process(**_: Any) -> None:
+    if scope.this_worker():
+        as_pool_process()
+
+
+def _import_driver(sender: Any = None, **_: Any) -> None:
+    if scope.serves(getattr(sender, "app", None)):
+        services.import_database_driver()  # before the pool forks (its docstring says why)
+        if _stock_prefetch:  # read from here on (the command line's value was the lowered 1)
+            sender.prefetch_multiplier = scope.CELERY_DEFAULT_PREFETCH
+
+
+def _on_command_line(option: str) -> bool:
+    """Whether the running ``celery worker`` command got ``option`` on its command line (its
+    value otherwise comes from the configuration, already lowered)."""
+    import click
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(option) is ParameterSource.COMMANDLINE
+
+
+def _check_queues(instance: Any = None, **_: Any) -> None:
+    if not scope.serves(instance.app):
+        return
+    consumed = {q.name for q in instance.app.amqp.queues.consume_from.values()}
+    if not _consumes_dtask(consumed):
+        log.warning(
+            "dtask: this worker consumes %s but none of dtask's queues: it starts no run and no"
+            " child (its reaper and dispatcher still serve the cluster); add -Q ...,%s",
+            ",".join(sorted(consumed)),
+            DEFAULT_QUEUE,
+        )
