@@ -12,15 +12,27 @@ class DtaskError(Exception):
         super().__init__(message or (self.__doc__ or type(self).__name__).strip())
 
 
+class NotFound(DtaskError):
+    """What was named does not exist (HTTP 404)."""
+
+
+class Conflict(DtaskError):
+    """The request contradicts what is there: a key's run, a run's state (HTTP 409)."""
+
+
+class Invalid(DtaskError):
+    """The caller's input cannot be used: fix it and send it again (HTTP 422)."""
+
+
 class TemplateDefinitionError(DtaskError):
     """A template is defined wrongly (a programming error in the template's module)."""
 
 
-class UnknownTemplate(DtaskError):
+class UnknownTemplate(NotFound):
     """No template is registered under that name."""
 
 
-class InvalidVariables(DtaskError):
+class InvalidVariables(Invalid):
     """The variables do not match the template's parameters."""
 
     def __init__(self, message: str | None = None, fields: dict[str, str] | None = None) -> None:
@@ -28,7 +40,7 @@ class InvalidVariables(DtaskError):
         self.fields = fields or {}  # each variable at fault, with what is wrong with it
 
 
-class InvalidSplit(DtaskError):
+class InvalidSplit(Invalid):
     """The split strategy produced child specs that cannot be run."""
 
 
@@ -40,23 +52,23 @@ class SplitFailed(InvalidSplit):
     """The template's own code (its split or rendering) raised an exception."""
 
 
-class InvalidSchedule(DtaskError):
+class InvalidSchedule(Invalid):
     """The schedule's definition is invalid (cron, interval, time zone or policy)."""
 
 
-class ScheduleNotFound(DtaskError):
+class ScheduleNotFound(NotFound):
     """No schedule has that name."""
 
 
-class ScheduleExists(DtaskError):
+class ScheduleExists(Conflict):
     """A schedule with that name exists already."""
 
 
-class InvalidExecutionCap(DtaskError):
+class InvalidExecutionCap(Invalid):
     """An execution cap must be a number of seconds greater than 0."""
 
 
-class InvalidDelayTolerance(DtaskError):
+class InvalidDelayTolerance(Invalid):
     """A delay tolerance must be a number of seconds greater than 0, on_late run or fail."""
 
 
@@ -64,11 +76,11 @@ class ExecutionCapExceeded(DtaskError):
     """A child's attempt ran longer than its execution cap and was stopped."""
 
 
-class InvalidClient(DtaskError):
+class InvalidClient(Invalid):
     """A client's name or one of its settings is invalid."""
 
 
-class ClientNotFound(DtaskError):
+class ClientNotFound(NotFound):
     """No client has that name."""
 
 
@@ -82,19 +94,19 @@ class RateLimited(DtaskError):
         self.retry_after = retry_after  # seconds; inf: this submit can never fit
 
 
-class InvalidNotifyUrl(DtaskError):
+class InvalidNotifyUrl(Invalid):
     """The completion notification's URL cannot be used."""
 
 
-class TokenNotFound(DtaskError):
+class TokenNotFound(NotFound):
     """No API token with that id."""
 
 
-class KeyConflict(DtaskError):
+class KeyConflict(Conflict):
     """The trigger key is already used by a run with another template or variables."""
 
 
-class RunNotFound(DtaskError):
+class RunNotFound(NotFound):
     """No run has that id."""
 
 
@@ -127,7 +139,7 @@ class InvalidResult(DtaskError):
     or the template's reduce raised."""
 
 
-class InvalidStart(DtaskError):
+class InvalidStart(Invalid):
     """A countdown, eta or queue given to ``apply_async`` cannot be used."""
 
 
@@ -151,11 +163,11 @@ class ChildStopped(DtaskError):
     """The child was asked to stop (its run was cancelled) and has committed its checkpoint."""
 
 
-class NothingToRerun(DtaskError):
+class NothingToRerun(Conflict):
     """The run succeeded: there is nothing to run again."""
 
 
-class NotCancellable(DtaskError):
+class NotCancellable(Conflict):
     """The run has already finished."""
 
 
@@ -171,14 +183,14 @@ class UpstreamNotFound(RunNotFound):
     """A run named in ``after`` (by id or trigger key) does not exist."""
 
 
-class UpstreamFailed(DtaskError):
+class UpstreamFailed(Conflict):
     """A rerun of a run whose upstream failed or was cancelled: that upstream comes first."""
 
 
-class InvalidCheckpoint(DtaskError):
+class InvalidCheckpoint(Invalid):
     """A checkpoint that cannot be kept: not JSON, or over DTASK_MAX_CHECKPOINT."""
 
 
-class InvalidInput(DtaskError):
+class InvalidInput(Invalid):
     """A value PostgreSQL cannot hold (text with a NUL or undecodable bytes, a number out of
     range) reached a query past the checks at the edges."""

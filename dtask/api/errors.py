@@ -16,30 +16,13 @@ from dtask import exceptions as e
 
 log = logging.getLogger("dtask.api")
 
-STATUS: list[tuple[type[e.DtaskError], int]] = [
+STATUS: list[tuple[type[e.DtaskError], int]] = [  # the first kind an error is decides
     (e.RateLimited, 429),
     (e.ServiceUnavailable, 503),
-    (e.UnknownTemplate, 404),
     (e.UpstreamNotFound, 422),  # a run the body names: the request is at fault, not the path
-    (e.RunNotFound, 404),
-    (e.ClientNotFound, 404),
-    (e.ScheduleNotFound, 404),
-    (e.TokenNotFound, 404),
-    (e.KeyConflict, 409),
-    (e.NothingToRerun, 409),
-    (e.NotCancellable, 409),
-    (e.UpstreamFailed, 409),
-    (e.ScheduleExists, 409),
-    (e.InvalidVariables, 422),
-    (e.InvalidSplit, 422),
-    (e.InvalidClient, 422),
-    (e.InvalidExecutionCap, 422),
-    (e.InvalidDelayTolerance, 422),
-    (e.InvalidSchedule, 422),
-    (e.InvalidNotifyUrl, 422),
-    (e.InvalidInput, 422),
-    (e.InvalidStart, 422),
-    (e.InvalidCheckpoint, 422),
+    (e.NotFound, 404),
+    (e.Conflict, 409),
+    (e.Invalid, 422),
 ]
 
 
