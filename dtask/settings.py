@@ -71,64 +71,347 @@ class Settings(BaseSettings):
     )
 
     # one local stack per user, whatever folder a command runs in (~/.local/state/dtask)
-    home: Path = Field(default_factory=lambda: platformdirs.user_state_path("dtask"))
-    database_url: str | None = None
-    auto_migrate: bool = False  # a shared database is migrated by `dtask migrate` unless set
-    broker_url: str | None = None
-    result_backend: str | None = Field(default_factory=_default_backend)
-    templates: Annotated[tuple[str, ...], NoDecode] = ()
-    max_children: int = Field(100_000, ge=1, le=100_000_000)
-    max_child_result: int = Field(
-        65_536, ge=0, le=_MAX_JSON
-    )  # bytes of JSON a child function may return
-    max_run_result: int = Field(
-        1_048_576, ge=0, le=_MAX_JSON
-    )  # bytes of JSON a template's reduce may return
-    max_variables: int = Field(
-        1_048_576, ge=2, le=_MAX_JSON
-    )  # bytes of JSON of one run's variables
-    max_child_spec: int = Field(
-        65_536, ge=2, le=_MAX_JSON
-    )  # bytes of JSON of one child's spec (its kwargs)
-    max_checkpoint: int = Field(1_048_576, ge=2, le=_MAX_JSON)  # bytes of JSON of one checkpoint
-    split_timeout: float = Field(30.0, gt=0, le=_HOUR)  # seconds a template's split may take
-    retention: float = Field(30.0, ge=0, le=36_500)  # days a finished run is kept (0: for ever)
-    lease_ttl: float = Field(8.0, ge=1.0, le=_DAY)
-    heartbeat_interval: float = Field(
-        default_factory=lambda data: data.get("lease_ttl", 8.0) / 4, ge=0.1, le=_DAY
+    home: Path = Field(
+        default_factory=lambda: platformdirs.user_state_path("dtask"),
+        json_schema_extra={"shown": "user state dir"},
+        description=(
+            "where the embedded PostgreSQL and Redis keep their data: one stack per user, shared "
+            "by commands run from any folder (`~/.local/state/dtask` on Linux)"
+        ),
     )
-    reaper_interval: float = Field(1.0, ge=0.1, le=_HOUR)
-    stall_timeout: float = Field(15.0, ge=1.0, le=_DAY)
-    resend_batch: int = Field(100, ge=1, le=100_000)
-    dispatch: Literal["all", "window"] = "window"
-    dispatch_window: int | None = Field(None, ge=1, le=1_000_000)
-    dispatch_interval: float = Field(0.05, ge=0.005, le=5.0)
-    drain_grace: float = Field(5.0, ge=0.0, le=_HOUR)
-    execution_cap_grace: float = Field(5.0, ge=0.0, le=_HOUR)
-    checkpoint_interval: float = Field(1.0, ge=0.0, le=_DAY)
-    checkpoint_every: int = Field(10_000, ge=1, le=2**31 - 1)
-    retry_delay: float = Field(1.0, ge=0.0, le=_DAY)
-    network_timeout: float = Field(8.0, ge=1.0, le=_HOUR)
-    db_statement_timeout: float = Field(60.0, ge=0.0, le=_DAY)
-    db_lock_timeout: float = Field(30.0, ge=0.0, le=_DAY)
-    db_idle_in_transaction_timeout: float = Field(60.0, ge=0.0, le=_DAY)
-    db_pool: int = Field(4, ge=2, le=1000)  # connections per engine of a process (docs/security.md)
-    flower_auth: SecretStr | None = None
+    database_url: str | None = Field(
+        None,
+        json_schema_extra={"shown": "embedded"},
+        description=(
+            "PostgreSQL URL (`postgresql+psycopg://user:pw@host/db`); unset = embedded PostgreSQL"
+        ),
+    )
+    auto_migrate: bool = Field(
+        False,
+        description=(
+            "`1`: a process brings a shared database's schema up to date when it starts (the "
+            "embedded one always is); `0`: it refuses an old schema with one line saying to run "
+            "`dtask migrate`"
+        ),
+    )
+    broker_url: str | None = Field(
+        None,
+        json_schema_extra={"shown": "embedded"},
+        description="Celery broker URL (`redis://host:6379/0`); unset = embedded Redis",
+    )
+    result_backend: str | None = Field(
+        default_factory=_default_backend,
+        json_schema_extra={
+            "shown": "the broker URL if Redis, else embedded (with an embedded broker)"
+        },
+        description=(
+            "Celery result backend: any; the run's last child finalizes the run (with Redis, "
+            "children sent one to a message also form a chord whose callback would); children "
+            "store no result there"
+        ),
+    )
+    templates: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="comma-separated modules that register templates",
+    )
+    max_children: int = Field(
+        100_000,
+        ge=1,
+        le=100_000_000,
+        description="largest split a run may have",
+    )
+    max_child_result: int = Field(
+        65_536,
+        ge=0,
+        le=_MAX_JSON,
+        description=(
+            "bytes of JSON a child function may return (over it, the attempt fails saying so)"
+        ),
+    )
+    max_run_result: int = Field(
+        1_048_576,
+        ge=0,
+        le=_MAX_JSON,
+        description=(
+            "bytes of JSON a template's `reduce` may return (over it, the run fails saying so)"
+        ),
+    )
+    max_variables: int = Field(
+        1_048_576,
+        ge=2,
+        le=_MAX_JSON,
+        description=(
+            "bytes of JSON one run's variables may take (a bigger submit or schedule is refused, "
+            "nothing created)"
+        ),
+    )
+    max_child_spec: int = Field(
+        65_536,
+        ge=2,
+        le=_MAX_JSON,
+        description=(
+            "bytes of JSON one child's spec may take (a split making a bigger one fails its run)"
+        ),
+    )
+    max_checkpoint: int = Field(
+        1_048_576,
+        ge=2,
+        le=_MAX_JSON,
+        description=(
+            "bytes of JSON one checkpoint may take (a bigger one fails the attempt saying so)"
+        ),
+    )
+    split_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=_HOUR,
+        description=(
+            "seconds a template's split may run before its run fails (it runs inside a "
+            "transaction: keep it below `DTASK_DB_IDLE_IN_TRANSACTION_TIMEOUT`)"
+        ),
+    )
+    retention: float = Field(
+        30.0,
+        ge=0,
+        le=36_500,
+        description=(
+            "days a finished run is kept, with its children, before the reaper prunes it (`0`: "
+            "for ever; `dtask prune` by hand)"
+        ),
+    )
+    lease_ttl: float = Field(
+        8.0,
+        ge=1.0,
+        le=_DAY,
+        description=(
+            "seconds a child's lease lasts without a heartbeat: how soon a dead worker's child is "
+            "taken over"
+        ),
+    )
+    heartbeat_interval: float = Field(
+        default_factory=lambda data: data.get("lease_ttl", 8.0) / 4,
+        ge=0.1,
+        le=_DAY,
+        json_schema_extra={"shown": "lease TTL / 4"},
+        description="seconds between a running child's lease renewals (a thread, not your loop)",
+    )
+    reaper_interval: float = Field(
+        1.0,
+        ge=0.1,
+        le=_HOUR,
+        description=(
+            "seconds between reaper passes (one reaper runs at a time, inside the workers)"
+        ),
+    )
+    stall_timeout: float = Field(
+        15.0,
+        ge=1.0,
+        le=_DAY,
+        description=(
+            "seconds a child's message may wait unclaimed before it counts as lost and is "
+            "re-sent, or a run stay pending/splitting before its master is re-sent"
+        ),
+    )
+    resend_batch: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description=(
+            "unclaimed messages re-sent per queue every half stall timeout while the queue moves "
+            "and its broker queue holds as many as PostgreSQL expects (more when it holds fewer)"
+        ),
+    )
+    dispatch: Literal["all", "window"] = Field(
+        "window",
+        description=(
+            "`window`: children wait in PostgreSQL and the dispatcher keeps a bounded window in "
+            "the broker, in priority, deadline and fair-share order "
+            "([docs/scheduling.md](docs/scheduling.md)); `all`: a run's split sends every child "
+            "to the broker at once (no priorities, fair share or `--max-running`)"
+        ),
+    )
+    dispatch_window: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        json_schema_extra={"shown": "from the slots"},
+        description=(
+            "with `window`: messages a queue may hold; unset, two per live worker slot plus two "
+            "dispatcher passes' worth of the queue's pace"
+        ),
+    )
+    dispatch_interval: float = Field(
+        0.05,
+        ge=0.005,
+        le=5.0,
+        description="with `window`: seconds between dispatcher passes while children wait",
+    )
+    drain_grace: float = Field(
+        5.0,
+        ge=0.0,
+        le=_HOUR,
+        description=(
+            "seconds a stopping worker's child gets to reach a checkpoint before it is released "
+            "anyway"
+        ),
+    )
+    execution_cap_grace: float = Field(
+        5.0,
+        ge=0.0,
+        le=_HOUR,
+        description=(
+            "seconds a child over its execution cap gets to stop at its next step before its pool "
+            "process is killed (checked at each heartbeat)"
+        ),
+    )
+    checkpoint_interval: float = Field(
+        1.0,
+        ge=0.0,
+        le=_DAY,
+        description="`ctx.resume` writes a checkpoint after this many seconds...",
+    )
+    checkpoint_every: int = Field(
+        10_000,
+        ge=1,
+        le=2**31 - 1,
+        description="...or after this many items, whichever comes first",
+    )
+    retry_delay: float = Field(
+        1.0,
+        ge=0.0,
+        le=_DAY,
+        description="seconds before a failed child's next attempt",
+    )
+    network_timeout: float = Field(
+        8.0,
+        ge=1.0,
+        le=_HOUR,
+        description=(
+            "seconds a silent connection to PostgreSQL or the broker (a link that drops packets) "
+            "is given before it is dropped and reopened: TCP keepalive and user timeout, connect "
+            "timeout, Redis socket timeouts and health checks, AMQP heartbeats"
+        ),
+    )
+    db_statement_timeout: float = Field(
+        60.0,
+        ge=0.0,
+        le=_DAY,
+        description=(
+            "seconds a PostgreSQL statement may run (`0`: no limit; migrations are exempt)"
+        ),
+    )
+    db_lock_timeout: float = Field(
+        30.0,
+        ge=0.0,
+        le=_DAY,
+        description=(
+            "seconds a PostgreSQL statement may wait for a lock (`0`: no limit; migrations are "
+            "exempt)"
+        ),
+    )
+    db_idle_in_transaction_timeout: float = Field(
+        60.0,
+        ge=0.0,
+        le=_DAY,
+        description="seconds a transaction may sit idle before PostgreSQL ends it (`0`: no limit)",
+    )
+    db_pool: int = Field(
+        4,
+        ge=2,
+        le=1000,
+        description=(
+            "PostgreSQL connections each of a process's three engines may hold (a worker's pool "
+            "processes: 2 each); a worker that could take the server past `max_connections` "
+            "refuses to start (docs/security.md)"
+        ),
+    )
+    flower_auth: SecretStr | None = Field(
+        None,
+        json_schema_extra={"shown": "(generated)"},
+        description=(
+            "`user:password` for Flower's basic auth (no comma); required when Flower listens "
+            "beyond loopback; unset on loopback: user `dtask`, password generated into "
+            "`DTASK_HOME/flower-password`"
+        ),
+    )
     # Alerts (the monitor in every worker and `dtask serve`): thresholds in seconds.
-    idle_alert: float = Field(900.0, gt=0, le=_YEAR)  # a worker with no child this long: remove it?
-    stall_alert: float = Field(600.0, gt=0, le=_YEAR)  # an unfinished run where nothing changed
-    misfire_alert: float = Field(3600.0, gt=0, le=_YEAR)  # a missed schedule slot stays an alert
+    idle_alert: float = Field(
+        900.0,
+        gt=0,
+        le=_YEAR,
+        description=(
+            "seconds a live worker may run no child before a `worker_idle` alert says it could be "
+            "removed"
+        ),
+    )
+    stall_alert: float = Field(
+        600.0,
+        gt=0,
+        le=_YEAR,
+        description=(
+            "seconds an unfinished run may go without any change (no child started, checkpointed "
+            "or finished) before a `run_stalled` alert"
+        ),
+    )
+    misfire_alert: float = Field(
+        3600.0,
+        gt=0,
+        le=_YEAR,
+        description=(
+            "seconds a `schedule_misfired` alert stays open after slots were missed (a schedule "
+            "whose slots cannot run stays an alert until they can)"
+        ),
+    )
     worker_forget: float = Field(
-        3600.0, gt=0, le=_YEAR
-    )  # a silent worker's row (and alert) is dropped
-    alert_webhook: SecretStr | None = None  # POSTed each alert as it opens and closes
+        3600.0,
+        gt=0,
+        le=_YEAR,
+        description=(
+            "seconds after which a worker that stopped reporting is forgotten (its `worker_lost` "
+            "alert closes)"
+        ),
+    )
+    alert_webhook: SecretStr | None = Field(
+        None,
+        description=(
+            'URL POSTed `{"event": "opened"|"closed", "alert": {...}}` as each alert opens and '
+            "closes (never logged: it may hold a secret)"
+        ),
+    )
     # a run's notify_url may reach loopback, private, link-local... addresses (docs/security.md)
-    notify_allow_private: bool = False
+    notify_allow_private: bool = Field(
+        False,
+        description=(
+            "`1`: a run's `notify_url` may be a loopback, private, link-local or other non-global "
+            "address (off: refused at submit when written as such an address, and at delivery "
+            "when its name resolves to one; the alert webhook always may)"
+        ),
+    )
     # test mode: runs execute in this process, at submit, and nothing goes to the broker
-    eager: bool = False
+    eager: bool = Field(
+        False,
+        description=(
+            "`1` (or Celery's `task_always_eager`, `CELERY_TASK_ALWAYS_EAGER` in Django): test "
+            "mode. A submit runs its run in its own process before it returns (the split, each "
+            "child through the worker's lifecycle with its attempts and checkpoints, the reduce) "
+            "and sends nothing to the broker; in a Django project whose `default` database is "
+            "PostgreSQL, dtask keeps its tables in that database (`manage.py test`'s test "
+            "database, created on first use). Never in production"
+        ),
+    )
     # dtask's beat also sends the app's own beat_schedule entries (off: another beat does,
     # django-celery-beat's, and dtask's fires only dtask's schedules)
-    beat_app_entries: bool = True
+    beat_app_entries: bool = Field(
+        True,
+        description=(
+            "`0`: dtask's beat (`dtask beat`, `celery -A proj beat -S "
+            "dtask.worker.beat:DatabaseScheduler`) fires only dtask's schedules and leaves your "
+            "app's own `beat_schedule` entries to another beat, such as django-celery-beat's "
+            "(`CELERY_DTASK_BEAT_APP_ENTRIES = False` in a Django project; "
+            "[docs/scheduling.md](docs/scheduling.md#beat-beside-django-celery-beat)); `1`: it "
+            "sends them too, one beat at a time"
+        ),
+    )
 
     @field_validator("home")
     @classmethod
@@ -262,92 +545,32 @@ _DERIVED = {"result_backend", "heartbeat_interval"}
 _NOT_DERIVED = "default_factory_not_called"
 _KNOWN = {env_name(f): f for f in Settings.model_fields}
 
-# name -> (default, meaning). The README's configuration table is checked against this.
-DOCUMENTED: dict[str, tuple[str, str]] = {
-    "DTASK_HOME": (
-        "user state dir",
-        "where the embedded PostgreSQL and Redis keep their data (~/.local/state/dtask)",
-    ),
-    "DTASK_DATABASE_URL": ("embedded", "PostgreSQL URL; unset = embedded PostgreSQL"),
-    "DTASK_AUTO_MIGRATE": (
-        "0",
-        "1: a process brings a shared database's schema up to date when it starts (the embedded"
-        " one always is); 0: it refuses an old schema and says to run `dtask migrate`",
-    ),
-    "DTASK_BROKER_URL": ("embedded", "Celery broker URL; unset = embedded Redis"),
-    "DTASK_RESULT_BACKEND": (
-        "broker or embedded",
-        "Celery result backend (any; Redis adds chords)",
-    ),
-    "DTASK_TEMPLATES": ("", "comma-separated modules that register templates"),
-    "DTASK_MAX_CHILDREN": ("100000", "largest split a run may have"),
-    "DTASK_MAX_CHILD_RESULT": ("65536", "bytes of JSON a child function may return"),
-    "DTASK_MAX_RUN_RESULT": ("1048576", "bytes of JSON a template's reduce may return"),
-    "DTASK_MAX_VARIABLES": ("1048576", "bytes of JSON a run's variables may take"),
-    "DTASK_MAX_CHILD_SPEC": ("65536", "bytes of JSON one child's spec (its range) may take"),
-    "DTASK_MAX_CHECKPOINT": ("1048576", "bytes of JSON one checkpoint may take"),
-    "DTASK_SPLIT_TIMEOUT": (
-        "30",
-        "seconds a template's split may take before its run fails (below the idle-in-transaction"
-        " timeout)",
-    ),
-    "DTASK_RETENTION": (
-        "30",
-        "days a finished run (with its children) is kept before the reaper prunes it; 0: for ever",
-    ),
-    "DTASK_LEASE_TTL": ("8", "seconds a child's lease lasts without a heartbeat"),
-    "DTASK_HEARTBEAT_INTERVAL": ("lease TTL / 4", "seconds between a running child's heartbeats"),
-    "DTASK_REAPER_INTERVAL": ("1", "seconds between reaper passes (one reaper cluster-wide)"),
-    "DTASK_STALL_TIMEOUT": ("15", "seconds a message may wait unclaimed before it is re-sent"),
-    "DTASK_RESEND_BATCH": ("100", "unclaimed messages re-sent per moving queue per half stall"),
-    "DTASK_DISPATCH": (
-        "window",
-        "window: children wait in PostgreSQL, the dispatcher keeps a bounded window in the"
-        " broker; all: a split sends every child at once",
-    ),
-    "DTASK_DISPATCH_WINDOW": ("per slots", "messages a queue may hold (window mode)"),
-    "DTASK_DISPATCH_INTERVAL": ("0.05", "seconds between dispatcher passes while work waits"),
-    "DTASK_DRAIN_GRACE": ("5", "seconds a stopping worker's child gets to reach a checkpoint"),
-    "DTASK_EXECUTION_CAP_GRACE": (
-        "5",
-        "seconds a child over its execution cap gets to stop before its process is killed",
-    ),
-    "DTASK_CHECKPOINT_INTERVAL": ("1.0", "ctx.resume writes a checkpoint after this many seconds"),
-    "DTASK_CHECKPOINT_EVERY": ("10000", "...or after this many items, whichever comes first"),
-    "DTASK_RETRY_DELAY": ("1.0", "seconds before a failed child's next attempt"),
-    "DTASK_NETWORK_TIMEOUT": (
-        "8",
-        "seconds a silent PostgreSQL or broker connection is given before it is dropped",
-    ),
-    "DTASK_DB_STATEMENT_TIMEOUT": ("60", "seconds a PostgreSQL statement may run (0 = no limit)"),
-    "DTASK_DB_LOCK_TIMEOUT": ("30", "seconds a statement may wait for a lock (0 = no limit)"),
-    "DTASK_DB_IDLE_IN_TRANSACTION_TIMEOUT": (
-        "60",
-        "seconds a transaction may sit idle before PostgreSQL ends it (0 = no limit)",
-    ),
-    "DTASK_DB_POOL": ("4", "PostgreSQL connections per engine of a process (2 in a pool process)"),
-    "DTASK_FLOWER_AUTH": ("", "user:password for Flower; required beyond loopback"),
-    "DTASK_IDLE_ALERT": ("900", "seconds a worker may run nothing before a worker_idle alert"),
-    "DTASK_STALL_ALERT": ("600", "seconds an unfinished run may not change before an alert"),
-    "DTASK_MISFIRE_ALERT": ("3600", "seconds a missed schedule slot stays an alert"),
-    "DTASK_WORKER_FORGET": ("3600", "seconds before a silent worker (and its alert) is dropped"),
-    "DTASK_ALERT_WEBHOOK": ("", "URL POSTed each alert as it opens and closes (never logged)"),
-    "DTASK_NOTIFY_ALLOW_PRIVATE": (
-        "0",
-        "1: a run's notify_url may be a loopback, private, link-local or other non-global"
-        " address (the alert webhook always may)",
-    ),
-    "DTASK_EAGER": (
-        "0",
-        "1 (or Celery's task_always_eager): test mode, a submit runs the run in its own process"
-        " before it returns (split, children, reduce), sending nothing to the broker",
-    ),
-    "DTASK_BEAT_APP_ENTRIES": (
-        "1",
-        "0: dtask's beat fires only dtask's schedules and leaves the app's own beat_schedule"
-        " entries to another beat (django-celery-beat's); 1: it sends them too",
-    ),
-}
+
+def documented() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) of every setting, from the fields: the README's table."""
+    found = []
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra
+        default = field.get_default(call_default_factory=False)
+        if isinstance(extra, dict) and "shown" in extra:
+            shown = str(extra["shown"])
+        elif isinstance(default, bool):
+            shown = f"`{int(default)}`"
+        elif default is None or default == ():
+            shown = "(none)"
+        else:
+            shown = f"`{_number(default)}`"
+        found.append((env_name(name), shown, field.description or ""))
+    return found
+
+
+def table() -> str:
+    """The README's configuration table (tests/unit/test_settings.py keeps it equal)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for variable, default, meaning in documented():
+        escaped = meaning.replace("|", "\\|")  # a pipe in a cell would end it
+        lines.append(f"| `{variable}` | {default} | {escaped} |")
+    return "\n".join(lines) + "\n"
 
 
 def _number(value: object) -> str:
