@@ -26,6 +26,7 @@ def main() -> int:
     args = parser.parse_args()
     prepare_environment()
     from dtask import services
+    from dtask.domain.runs import NewRun
     from dtask.domain.templates import registry
     from dtask.services import embedded
     from dtask.worker import batch, configure, tasks
@@ -33,7 +34,7 @@ def main() -> int:
     configure()
     store = services.store()
     try:
-        run_id, _ = store.runs.create("bench_noop", "child-path", {"n": args.n}, 3, None)
+        run_id, _ = store.runs.create(NewRun("bench_noop", "child-path", {"n": args.n}, 3, None))
         store.runs.split(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
         store.runs.dispatch(run_id, lambda run, children: None)  # no broker: call the task body
 

@@ -26,7 +26,7 @@ from dtask.domain.deadlines import (
 from dtask.domain.deps import check_after
 from dtask.domain.limits import check_json_size, check_key
 from dtask.domain.notify import check_url
-from dtask.domain.runs import RunHandle, RunState, RunStatus
+from dtask.domain.runs import NewRun, RunHandle, RunState, RunStatus
 from dtask.domain.templates import check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
@@ -252,11 +252,9 @@ def submit(
     _, children = tpl.count(checked, config.max_children)
     store = services.store()
     upstreams = _upstreams(store, after, where, client)
-    trigger = key or f"adhoc:{uuid.uuid4()}"
-    create = partial(
-        store.runs.create_run,
+    new_run = NewRun(
         template=tpl.name,
-        key=trigger,
+        key=key or f"adhoc:{uuid.uuid4()}",
         variables=checked,
         max_attempts=tpl.options.max_attempts,
         queue=children_queue,
@@ -272,9 +270,10 @@ def submit(
         start_in=start_in,
         after=upstreams,
     )
+    create = partial(store.runs.create_run, new_run)
 
     def shown(run_id: int) -> str:  # what Flower and the logs show of its master
-        return f"{tpl.name} run {run_id} key {trigger}"
+        return f"{tpl.name} run {run_id} key {new_run.key}"
 
     if eager_mode:
         run = create()

@@ -5,7 +5,6 @@ from dtask.db.children import Claim, Finished, Refusal
 from dtask.db.database import Database
 from dtask.db.engine import Limits, engine_for
 from dtask.db.recovery import Redispatch, Waiting
-from dtask.db.run_inserts import NewRun
 from dtask.db.runs import RunRecord
 from dtask.db.store import Store
 from dtask.db.workers import WorkerInfo
@@ -16,7 +15,6 @@ __all__ = [
     "Database",
     "Finished",
     "Limits",
-    "NewRun",
     "Redispatch",
     "Refusal",
     "RunRecord",

@@ -5,10 +5,9 @@ that client, pending or waiting for the runs it was submitted after (see
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Row
@@ -18,35 +17,9 @@ from dtask.db import counters, deps
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, sql
 from dtask.db.run_reads import RunReads
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Client, Tier
-from dtask.domain.deadlines import OnLate
-from dtask.domain.runs import RunState
-from dtask.domain.tiers import tier_queue
+from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.runs import NewRun, RunState
 from dtask.exceptions import KeyConflict, RateLimited
-
-
-@dataclass(frozen=True)
-class NewRun:
-    template: str
-    key: str
-    variables: dict[str, Any]
-    max_attempts: int
-    queue: str | None
-    schedule: str | None = None
-    slot: datetime | None = None
-    execution_cap: float | None = None  # overrides the template's
-    client: str = DEFAULT_CLIENT
-    priority: int = DEFAULT_PRIORITY
-    expected_children: int | None = None
-    delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
-    on_late: OnLate = OnLate.RUN
-    tier: Tier = Tier.BASIC  # ``queue`` is already the tier's queue
-    notify_url: str | None = None  # POSTed the run's JSON when it finishes
-    start_at: datetime | None = None  # not split before this (eta)...
-    start_in: float | None = None  # ...or this many seconds from now (countdown)
-    after: tuple[int, ...] = ()  # upstream runs: it waits for them to succeed
-    unmet: str | None = None  # why it fails at once (a schedule's upstream slot never ran)
-
 
 _START = (
     "coalesce(CAST(:start_at AS timestamptz),"
@@ -104,6 +77,7 @@ class Created:
 
 
 def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
+    assert run.tier is not None and run.priority is not None, "a run charged to its client"
     return {
         **asdict(run),
         "variables": json.dumps(run.variables),
@@ -140,83 +114,28 @@ class RunInserts(RunReads):
         # clients as this process last read them, unlimited (see _insert_unlimited)
         self._unlimited: dict[str, Client] = {}
 
-    def create(
-        self,
-        template: str,
-        key: str,
-        variables: dict[str, Any],
-        max_attempts: int,
-        queue: str | None,
-        execution_cap: float | None = None,
-        *,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        expected_children: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate = OnLate.RUN,
-        tier: Tier | None = None,
-        notify_url: str | None = None,
-        start_at: datetime | None = None,
-        start_in: float | None = None,
-        after: Sequence[int] = (),
-    ) -> tuple[int, bool]:
-        """Insert a run for ``key`` unless ``client`` has one. Returns (run id, created).
+    def create(self, run: NewRun) -> tuple[int, bool]:
+        """Insert ``run`` unless its client has a run of its key. Returns (run id, created).
 
         A key is the client's own: another client's run of the same key is neither returned
-        nor in the way. A new run is charged to ``client`` (RateLimited when its rate limits
+        nor in the way. A new run is charged to its client (RateLimited when its rate limits
         refuse it); a key the client knows returns its run and costs nothing. Its children go
-        to the queue of the tier it gets (``tier``, capped by the client's). With ``after``
+        to the queue of the tier it gets (its tier, capped by the client's). With ``after``
         (existing runs' ids; UpstreamNotFound otherwise) it waits for them (see
         :mod:`dtask.db.deps`)."""
-        got = self.create_run(
-            template, key, variables, max_attempts, queue, execution_cap, client=client,
-            priority=priority, expected_children=expected_children,
-            delay_tolerance=delay_tolerance, on_late=on_late, tier=tier, notify_url=notify_url,
-            start_at=start_at, start_in=start_in, after=after,
-        )  # fmt: skip
+        got = self.create_run(run)
         return got.id, got.created
 
-    def create_run(
-        self,
-        template: str,
-        key: str,
-        variables: dict[str, Any],
-        max_attempts: int,
-        queue: str | None,
-        execution_cap: float | None = None,
-        *,
-        client: str = DEFAULT_CLIENT,
-        priority: int | None = None,
-        expected_children: int | None = None,
-        delay_tolerance: float | None = None,
-        on_late: OnLate = OnLate.RUN,
-        tier: Tier | None = None,
-        notify_url: str | None = None,
-        start_at: datetime | None = None,
-        start_in: float | None = None,
-        after: Sequence[int] = (),
-        on: Connection | None = None,
-    ) -> Created:
+    def create_run(self, run: NewRun, on: Connection | None = None) -> Created:
         """:meth:`create`, with the run's state and start: what a submit needs, without
         reading the run again. ``on``: the caller's connection (:func:`dtask.db.callers.lend`),
         in whose transaction the run is written, charged and checked, in one piece as in a
         transaction of dtask's own; the caller's commit makes it a run, its rollback leaves
         none (a limited client's row stays locked until then)."""
-
-        def new_run(charged: Client) -> NewRun:
-            granted = charged.tier_for(tier)
-            return NewRun(
-                template, key, variables, max_attempts, tier_queue(queue, granted),
-                execution_cap=execution_cap, client=charged.name,
-                priority=charged.priority_for(priority), expected_children=expected_children,
-                delay_tolerance=delay_tolerance, on_late=on_late, tier=granted,
-                notify_url=notify_url, start_at=start_at, start_in=start_in,
-                after=tuple(after),
-            )  # fmt: skip
-
+        client, key, after = run.client, run.key, run.after
         known = self._unlimited.get(client)
         if known is not None and not after and on is None:
-            created = self._insert_unlimited(new_run(known), known)
+            created = self._insert_unlimited(run.charged_to(known), known)
             if created is not None:
                 return created
         try:
@@ -228,8 +147,8 @@ class RunInserts(RunReads):
                     # a submit of the same key may have committed while this one waited
                     existing = self._by_key(conn, client, key)
                 if existing is None:
-                    check_rates(conn, charged, expected_children)
-                    created = _insert(conn, new_run(charged))
+                    check_rates(conn, charged, run.expected_children)
+                    created = _insert(conn, run.charged_to(charged))
                     if created is not None:
                         return created
                     existing = self._by_key(conn, client, key)
@@ -241,8 +160,8 @@ class RunInserts(RunReads):
         differs = [
             what
             for what, same in (
-                ("template", existing.template == template),
-                ("variables", existing.variables == variables),
+                ("template", existing.template == run.template),
+                ("variables", existing.variables == run.variables),
                 ("upstream runs (after)", existing_after == sorted(set(after))),
             )
             if not same

@@ -19,9 +19,10 @@ from sqlalchemy.exc import DBAPIError
 
 from dtask.db import counters
 from dtask.db.database import Database
-from dtask.db.run_inserts import NewRun, insert_run
+from dtask.db.run_inserts import insert_run
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate
+from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing, iso
 from dtask.exceptions import DtaskError, InvalidSchedule, ScheduleExists, ScheduleNotFound
 

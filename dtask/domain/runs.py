@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Tier
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Client, Tier
+from dtask.domain.deadlines import OnLate
 from dtask.domain.schedules import iso
+from dtask.domain.tiers import tier_queue
 
 
 class RunState(StrEnum):
@@ -214,3 +216,43 @@ def refuse_claim(
         return ClaimRefusal.EXHAUSTED
     # pending/expired with attempts left: the claim raced with another claimer who won.
     return ClaimRefusal.BUSY
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to create, as one value from the call that asks for it (``submit``, the HTTP
+    API, beat's slot) to the INSERT: adding an option touches this value, its check and the
+    SQL. ``tier`` and ``priority`` are as asked (None: the client's, the default) until
+    ``charged_to`` its client decides them."""
+
+    template: str
+    key: str
+    variables: dict[str, Any]
+    max_attempts: int
+    queue: str | None
+    schedule: str | None = None
+    slot: datetime | None = None
+    execution_cap: float | None = None  # overrides the template's
+    client: str = DEFAULT_CLIENT
+    priority: int | None = None
+    expected_children: int | None = None
+    delay_tolerance: float | None = None  # the deadline is the slot (or now) plus this
+    on_late: OnLate = OnLate.RUN
+    tier: Tier | None = None
+    notify_url: str | None = None  # POSTed the run's JSON when it finishes
+    start_at: datetime | None = None  # not split before this (eta)...
+    start_in: float | None = None  # ...or this many seconds from now (countdown)
+    after: tuple[int, ...] = ()  # upstream runs: it waits for them to succeed
+    unmet: str | None = None  # why it fails at once (a schedule's upstream slot never ran)
+
+    def charged_to(self, client: Client) -> NewRun:
+        """This run as ``client`` gets it: its tier (as asked, else the client's; capped at
+        the client's), that tier's queue, its priority (as asked, default 5; capped)."""
+        tier = client.tier_for(self.tier)
+        return replace(
+            self,
+            client=client.name,
+            tier=tier,
+            queue=tier_queue(self.queue, tier),
+            priority=client.priority_for(self.priority),
+        )

@@ -27,12 +27,11 @@ from typing import Any
 from celery.beat import Scheduler
 
 from dtask import services
-from dtask.db import NewRun
 from dtask.db.schedules import Firing
-from dtask.domain.clients import Tier
+from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Schedule, Tick, iso, trigger_key
 from dtask.domain.templates import registry
-from dtask.domain.tiers import tier_queue
 from dtask.exceptions import DtaskError
 from dtask.worker.dispatch import send_master
 
@@ -121,7 +120,6 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
     tpl = registry.get(schedule.template)
     variables = tpl.validate(schedule.variables)
     tpl.precheck(variables, services.current().settings.max_children)
-    tier = tpl.options.tier or Tier.BASIC
     timing = schedule.timing
     return [
         NewRun(
@@ -129,14 +127,14 @@ def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
             key=trigger_key(schedule.name, slot),
             variables=variables,
             max_attempts=tpl.options.max_attempts,
-            queue=tier_queue(tpl.options.queue, tier),
+            queue=tpl.options.queue,
             schedule=schedule.name,
             slot=slot,
             # the deadline: slot + tolerance
             delay_tolerance=timing.delay_tolerance or tpl.options.delay_tolerance,
             on_late=timing.on_late or tpl.options.on_late,
-            tier=tier,
-        )
+            tier=tpl.options.tier,
+        ).charged_to(Client(DEFAULT_CLIENT))  # a slot's run is the default client's
         for slot in tick.fire
     ]
 

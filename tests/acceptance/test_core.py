@@ -13,6 +13,7 @@ import pytest
 
 import dtask
 from dtask import services
+from dtask.domain.runs import NewRun
 from dtask.worker import configure
 from tests.conftest import DTASK, REPO, WorkerProcess, printed_numbers
 from tests.support.db import children, wait_for
@@ -135,7 +136,7 @@ def test_duplicated_master_messages_split_and_dispatch_once(
     app = configure()
     store = services.store()
     run_id, _ = store.runs.create(
-        "flaky_range", f"dup-{uuid.uuid4()}", {"n": 500, "fail_at": 0}, 3, None
+        NewRun("flaky_range", f"dup-{uuid.uuid4()}", {"n": 500, "fail_at": 0}, 3, None)
     )
     for _ in range(3):
         app.send_task("dtask.master", args=(run_id,), ignore_result=True)

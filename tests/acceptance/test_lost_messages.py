@@ -18,6 +18,7 @@ from sqlalchemy import text
 import dtask
 from dtask import services
 from dtask.db.database import RUN_LOCKS
+from dtask.domain.runs import NewRun
 from tests.acceptance.test_faults import (
     FAST,
     Cluster,
@@ -98,7 +99,7 @@ def test_a_split_longer_than_the_lease_runs_on_a_worker_while_failover_goes_on(
     store = services.store()
     split_for = 3 * LEASE
     variables = {"n": 30, "seconds": split_for}
-    stuck, _ = store.runs.create("long_split", f"lost:{uuid.uuid4()}", variables, 3, None)
+    stuck, _ = store.runs.create(NewRun("long_split", f"lost:{uuid.uuid4()}", variables, 3, None))
     # its master message is lost: the reaper re-sends it after a stall timeout
     other = cluster.submit("slow_range", n=40, delay=0.4)
     pid = wait_for(lambda: running_with_checkpoint(other, 0, 5), 30, "child 0 to checkpoint")

@@ -11,6 +11,7 @@ import pytest
 
 import dtask
 from dtask import services
+from dtask.domain.runs import NewRun
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.db import children, wait_for
 
@@ -66,7 +67,9 @@ def test_rerun_of_a_failed_run_reruns_only_the_failed_child_from_its_checkpoint(
     dtask_env: dict[str, str], workers: list[WorkerProcess], sink: Path
 ) -> None:
     store = services.store()
-    run_id, _ = store.runs.create("blocked_range", f"blocked-{time.time()}", {"n": 60}, 2, None)
+    run_id, _ = store.runs.create(
+        NewRun("blocked_range", f"blocked-{time.time()}", {"n": 60}, 2, None)
+    )
     (sink / f"block-{run_id}").touch()
     from dtask.worker import configure
 

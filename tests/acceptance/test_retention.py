@@ -12,6 +12,7 @@ import pytest
 import dtask
 from dtask import services
 from dtask.db.database import sql
+from dtask.domain.runs import NewRun
 from tests.acceptance.test_core import cli
 from tests.conftest import WorkerProcess
 
@@ -22,7 +23,7 @@ ROWS = 100_000
 def old_run(children: int, days_ago: int) -> int:
     """A run of ``children`` succeeded children that finished ``days_ago`` days ago."""
     store = services.store()
-    run_id, _ = store.runs.create("print_range", f"old:{uuid.uuid4()}", {"n": 1}, 1, None)
+    run_id, _ = store.runs.create(NewRun("print_range", f"old:{uuid.uuid4()}", {"n": 1}, 1, None))
     with store.db.tx() as conn:
         conn.execute(
             sql(

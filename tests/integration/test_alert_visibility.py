@@ -9,6 +9,7 @@ import uuid
 from dtask import services
 from dtask.client.clients import set_client
 from dtask.domain.alerts import SCOPES, Alert, AlertKind
+from dtask.domain.runs import NewRun
 
 
 def test_a_client_sees_its_own_runs_alerts_and_the_cluster_s_only(
@@ -18,8 +19,8 @@ def test_a_client_sees_its_own_runs_alerts_and_the_cluster_s_only(
     a, b = f"va{uuid.uuid4().hex[:8]}", f"vb{uuid.uuid4().hex[:8]}"
     set_client(a)
     set_client(b)
-    run_a, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None, client=a)
-    run_b, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None, client=b)
+    run_a, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None, client=a))
+    run_b, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None, client=b))
     holding = [
         Alert(AlertKind.RUN_STALLED, str(run_a), f"run {run_a} (t) has made no progress"),
         Alert(AlertKind.RUN_LATE, str(run_b), f"run {run_b} (t) has not started"),

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from dtask import services
 from dtask.db import Refusal
 from dtask.domain.alerts import Limits, evaluate
+from dtask.domain.runs import NewRun
 from dtask.worker import monitor
 
 SHORT = Limits(lost_after=5, idle_after=30, stalled_after=60, misfire_shown_for=60)
@@ -118,7 +119,7 @@ def test_a_run_is_stalled_when_nothing_of_it_changed_for_the_limit(
     dtask_env: dict[str, str],
 ) -> None:
     store = services.store()
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     assert store.runs.split(run_id, lambda run: [{"i": i} for i in range(3)]) is not None
     store.runs.dispatch(run_id, lambda run, kids: None)
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 import dtask
 from dtask import services
 from dtask.db import Store
-from dtask.domain.runs import ChildState, RunState
+from dtask.domain.runs import ChildState, NewRun, RunState
 from dtask.worker.batch import children as children_message
 from tests.support.db import children
 
@@ -48,7 +48,7 @@ def statements() -> Iterator[list[str]]:
 
 
 def split(store: Store, n: int) -> tuple[int, list[list[Any]]]:
-    run_id, _ = store.runs.create("tiny", f"test:{uuid.uuid4()}", {"n": n}, 1, None)
+    run_id, _ = store.runs.create(NewRun("tiny", f"test:{uuid.uuid4()}", {"n": n}, 1, None))
     plan = [{"i": i, "fail_every": 0} for i in range(n)]
     assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
     return run_id, [[i, spec] for i, spec in enumerate(plan)]
@@ -92,7 +92,9 @@ def taken_over_in_batch(ctx: dtask.ChildContext, i: int) -> int:
 def test_a_child_taken_over_while_its_success_waits_is_not_written_and_the_next_runs(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run_id, _ = store.runs.create("taken_over_in_batch", f"test:{uuid.uuid4()}", {"n": 5}, 1, None)
+    run_id, _ = store.runs.create(
+        NewRun("taken_over_in_batch", f"test:{uuid.uuid4()}", {"n": 5}, 1, None)
+    )
     plan = [{"i": i} for i in range(5)]
     assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
     items = [[i, spec] for i, spec in enumerate(plan)]
@@ -159,7 +161,9 @@ def test_a_long_child_writes_the_successes_held_before_it_with_its_heartbeat(
 ) -> None:
     """Held successes' leases run from the message's claim: a child that runs longer than
     they last must not leave them unwritten (they would be taken and run again elsewhere)."""
-    run_id, _ = store.runs.create("long_after_short", f"test:{uuid.uuid4()}", {"n": 4}, 1, None)
+    run_id, _ = store.runs.create(
+        NewRun("long_after_short", f"test:{uuid.uuid4()}", {"n": 4}, 1, None)
+    )
     plan = [{"i": i} for i in range(4)]
     assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
     items = [[i, spec] for i, spec in enumerate(plan)]

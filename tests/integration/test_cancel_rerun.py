@@ -16,7 +16,7 @@ from celery.exceptions import Ignore
 import dtask
 from dtask import services
 from dtask.db import Claim, Refusal, Store
-from dtask.domain.runs import ClaimRefusal, RunState
+from dtask.domain.runs import ClaimRefusal, NewRun, RunState
 from dtask.domain.templates import Template, registry
 from dtask.worker import configure
 from dtask.worker.app import app
@@ -74,7 +74,7 @@ def queued_child_ids(remove: str | None = None) -> set[str]:
 
 
 def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) -> None:
-    run_id, _ = store.runs.create(TEMPLATE, f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create(NewRun(TEMPLATE, f"test:{uuid.uuid4()}", {}, 3, None))
     store.runs.split(run_id, lambda run: [{"a": 1, "b": 2}])
     store.runs.dispatch(run_id, lambda run, todo: None)
     claim = store.children.claim(run_id, 0, "old-owner:1", 30)

@@ -11,7 +11,8 @@ import pytest
 from dtask import services
 from dtask.client.clients import get_client, list_clients, remove_client, set_client
 from dtask.db import Claim, Store
-from dtask.domain.runs import RunState
+from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.runs import NewRun, RunState
 from dtask.exceptions import ClientNotFound, KeyConflict, RateLimited
 
 
@@ -28,7 +29,15 @@ def new_client(**settings: object) -> str:
 
 def create(store: Store, client: str, key: str | None = None, children: int | None = 1) -> int:
     run_id, _ = store.runs.create(
-        "t", key or f"test:{uuid.uuid4()}", {}, 3, None, client=client, expected_children=children
+        NewRun(
+            "t",
+            key or f"test:{uuid.uuid4()}",
+            {},
+            3,
+            None,
+            client=client,
+            expected_children=children,
+        )
     )
     return run_id
 
@@ -93,7 +102,7 @@ def test_limits_change_live_and_priority_is_capped(store: Store) -> None:
         create(store, client)
     set_client(client, rate=None)
     run_id, _ = store.runs.create(
-        "t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9
+        NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9)
     )
     status = store.runs.status(run_id)
     assert (status.client, status.priority) == (client, 3)
@@ -121,7 +130,7 @@ def test_runs_past_their_deadline_are_decided_once(store: Store) -> None:
 
     def create_late(on_late: OnLate) -> int:
         run_id, _ = store.runs.create(
-            "t", f"test:{uuid.uuid4()}", {}, 3, None, delay_tolerance=0.2, on_late=on_late
+            NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, delay_tolerance=0.2, on_late=on_late)
         )
         return run_id
 
@@ -146,11 +155,11 @@ def test_runs_past_their_deadline_are_decided_once(store: Store) -> None:
 def test_a_slot_run_s_deadline_counts_from_its_slot(store: Store) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from dtask.db import NewRun
     from dtask.db.run_inserts import insert_run
 
     slot = datetime(2026, 1, 1, 3, 0, tzinfo=UTC)
     run = NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, slot=slot, delay_tolerance=600)
+    run = run.charged_to(Client(DEFAULT_CLIENT))
     with store.db.tx() as conn:
         run_id = insert_run(conn, run)
     assert run_id is not None
@@ -166,7 +175,7 @@ def test_a_client_read_without_limits_is_checked_again_by_each_submit(store: Sto
     create(store, client)  # one statement
     set_client(client, rate="3/h", max_priority=2)  # two used, one left
     capped = store.runs.create_run(
-        "t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9
+        NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, client=client, priority=9)
     )
     assert store.runs.status(capped.id).priority == 2
     with pytest.raises(RateLimited):
@@ -182,11 +191,11 @@ def test_a_client_read_without_limits_is_checked_again_by_each_submit(store: Sto
 def test_a_key_submitted_twice_in_one_statement_returns_the_same_run(store: Store) -> None:
     key = f"test:{uuid.uuid4()}"
     create(store, "default")  # the default client, remembered
-    first = store.runs.create_run("t", key, {"n": 1}, 3, None)
-    again = store.runs.create_run("t", key, {"n": 1}, 3, None)
+    first = store.runs.create_run(NewRun("t", key, {"n": 1}, 3, None))
+    again = store.runs.create_run(NewRun("t", key, {"n": 1}, 3, None))
     assert (first.created, again.created) == (True, False)
     assert again.id == first.id and again.state is first.state is RunState.PENDING
     with pytest.raises(KeyConflict, match="another variables"):
-        store.runs.create_run("t", key, {"n": 2}, 3, None)
-    later = store.runs.create_run("t", f"test:{uuid.uuid4()}", {}, 3, None, start_in=600)
+        store.runs.create_run(NewRun("t", key, {"n": 2}, 3, None))
+    later = store.runs.create_run(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, start_in=600))
     assert 590 < later.starts_in <= 600

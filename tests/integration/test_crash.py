@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from dtask.db import Claim, Database, Store, engine_for, schema
+from dtask.domain.runs import NewRun
 from dtask.exceptions import DatabaseUnavailable
 from dtask.services import embedded
 
@@ -52,7 +53,7 @@ def test_a_claimed_fence_survives_a_crash(crashable: tuple[Path, str]) -> None:
             owner_async_engine=engine_for(url, durable=False, owner=True),
         )
     )
-    run_id, _ = store.runs.create("print_range", f"crash:{uuid.uuid4()}", {"n": 1}, 3, None)
+    run_id, _ = store.runs.create(NewRun("print_range", f"crash:{uuid.uuid4()}", {"n": 1}, 3, None))
     store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])
     store.runs.dispatch(run_id, lambda run, todo: None)
     claim = store.children.claim(run_id, 0, "owner:1", 30)

@@ -15,8 +15,9 @@ from sqlalchemy import text
 
 import dtask
 from dtask import services
-from dtask.db import NewRun
 from dtask.db.schedules import Decide, Fired, Firing, ScheduleStore
+from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Schedule, Timing, trigger_key
 from dtask.exceptions import ScheduleExists, ScheduleNotFound
 
@@ -87,7 +88,10 @@ def fire_every_slot(mine: str, seen: list[str]) -> Decide:
         seen.append(schedule.name)
         slots = schedule.timing.slots(schedule.decided_until, now, 100)
         runs = [
-            NewRun("print_range", trigger_key(mine, s), {"n": 1}, 1, None, mine, s) for s in slots
+            NewRun("print_range", trigger_key(mine, s), {"n": 1}, 1, None, mine, s).charged_to(
+                Client(DEFAULT_CLIENT)
+            )
+            for s in slots
         ]
         return Firing(runs, now, None)
 

@@ -15,7 +15,7 @@ from sqlalchemy.exc import ProgrammingError
 from dtask import services
 from dtask.db import Database, schema
 from dtask.db.runs import RunStore
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 from tests.support.db import new_database
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "postgres-roles.sh"
@@ -48,7 +48,7 @@ def test_the_app_role_runs_dtask_but_cannot_change_the_schema(dtask_env: dict[st
             try:
                 schema.upgrade(owner)
                 runs = RunStore(Database(app))
-                run_id, created = runs.create("t", "k", {}, 2, None)
+                run_id, created = runs.create(NewRun("t", "k", {}, 2, None))
                 assert created
                 assert runs.split(run_id, lambda run: [{"i": 0}, {"i": 1}]) is RunState.SPLITTING
                 assert runs.status(run_id).children.total == 2

@@ -15,7 +15,7 @@ import pytest
 from dtask import services
 from dtask.db import Claim, Store
 from dtask.db.database import sql
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 from dtask.exceptions import KeyConflict, UpstreamFailed, UpstreamNotFound
 from tests.support.db import wait_for
 
@@ -26,7 +26,9 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 
 def create(store: Store, after: tuple[int, ...] = (), key: str | None = None) -> int:
-    run_id, _ = store.runs.create("t", key or f"test:{uuid.uuid4()}", {}, 2, None, after=after)
+    run_id, _ = store.runs.create(
+        NewRun("t", key or f"test:{uuid.uuid4()}", {}, 2, None, after=after)
+    )
     return run_id
 
 

@@ -15,7 +15,7 @@ from dtask.db.database import sql
 from dtask.db.dispatch import Out
 from dtask.db.run_here import TakeHere
 from dtask.domain.clients import HIGHEST_PRIORITY, LOWEST_PRIORITY, Client
-from dtask.domain.runs import ClaimRefusal, RunState
+from dtask.domain.runs import ClaimRefusal, NewRun, RunState
 from dtask.exceptions import LeaseLost
 
 
@@ -25,7 +25,7 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 
 def deferred_run(store: Store, children: int) -> int:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     plan = [{"i": i} for i in range(children)]
     assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
     sizes: list[int] = []
@@ -88,7 +88,7 @@ def waiting_run(
     store: Store, client: str, queue: str | None, template: str = "t", priority: int = 5
 ) -> int:
     run_id, _ = store.runs.create(
-        template, f"test:{uuid.uuid4()}", {}, 1, queue, client=client, priority=priority
+        NewRun(template, f"test:{uuid.uuid4()}", {}, 1, queue, client=client, priority=priority)
     )
     store.runs.split(run_id, lambda run: [{"i": 0}, {"i": 1}], deferred=True)
     store.runs.dispatch(run_id, lambda run, kids: None, deferred=True)
@@ -143,7 +143,7 @@ def split_here(
     store: Store, client: str, queue: str | None, priority: int, children: int = 1
 ) -> tuple[int, RunState, TakeHere]:
     run_id, _ = store.runs.create(
-        "t", f"test:{uuid.uuid4()}", {}, 2, queue, client=client, priority=priority
+        NewRun("t", f"test:{uuid.uuid4()}", {}, 2, queue, client=client, priority=priority)
     )
     here = TakeHere("me:1", 30)
     plan = [{"i": i} for i in range(children)]

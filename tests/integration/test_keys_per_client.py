@@ -13,10 +13,11 @@ from sqlalchemy import text
 
 from dtask import services
 from dtask.client.clients import set_client
-from dtask.db import NewRun, Store
+from dtask.db import Store
 from dtask.db.run_inserts import Created
 from dtask.db.schedules import Firing
 from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Schedule, Timing, trigger_key
 from dtask.exceptions import KeyConflict, UpstreamNotFound
 
@@ -39,15 +40,15 @@ def new_key() -> str:
 def test_one_key_under_two_clients_is_two_runs_and_one_run_per_client(store: Store) -> None:
     a, b, c = new_client(), new_client(), new_client()
     key = new_key()
-    mine = store.runs.create_run("t", key, {"n": 1}, 3, None, client=a)
-    again = store.runs.create_run("t", key, {"n": 1}, 3, None, client=a)
+    mine = store.runs.create_run(NewRun("t", key, {"n": 1}, 3, None, client=a))
+    again = store.runs.create_run(NewRun("t", key, {"n": 1}, 3, None, client=a))
     # another client's variables under the same key: its own run, no KeyConflict naming a's
-    theirs = store.runs.create_run("t", key, {"n": 2}, 3, None, client=b)
+    theirs = store.runs.create_run(NewRun("t", key, {"n": 2}, 3, None, client=b))
     assert mine.created and (again.id, again.created) == (mine.id, False)
     assert theirs.created and theirs.id != mine.id
     assert store.runs.status(mine.id).client == a and store.runs.status(theirs.id).client == b
     with pytest.raises(KeyConflict) as conflict:  # within a client a key still means one run
-        store.runs.create_run("t", key, {"n": 3}, 3, None, client=b)
+        store.runs.create_run(NewRun("t", key, {"n": 3}, 3, None, client=b))
     assert f"triggered run {theirs.id} with" in str(conflict.value)  # b's run, never a's
 
     assert store.runs.ids_by_key([key], client=a) == {key: mine.id}
@@ -61,7 +62,7 @@ def test_the_one_statement_submit_keeps_keys_per_client(
 ) -> None:
     a, b = new_client(), new_client()
     for client in (a, b):  # each read once, without limits: its next submits are one statement
-        store.runs.create_run("t", new_key(), {}, 3, None, client=client)
+        store.runs.create_run(NewRun("t", new_key(), {}, 3, None, client=client))
     taken: list[tuple[str, Created | None]] = []
     one_statement = store.runs._insert_unlimited
 
@@ -72,9 +73,9 @@ def test_the_one_statement_submit_keeps_keys_per_client(
 
     monkeypatch.setattr(store.runs, "_insert_unlimited", spy)
     key = new_key()
-    mine = store.runs.create_run("t", key, {}, 3, None, client=a)
-    theirs = store.runs.create_run("t", key, {}, 3, None, client=b)
-    again = store.runs.create_run("t", key, {}, 3, None, client=a)
+    mine = store.runs.create_run(NewRun("t", key, {}, 3, None, client=a))
+    theirs = store.runs.create_run(NewRun("t", key, {}, 3, None, client=b))
+    again = store.runs.create_run(NewRun("t", key, {}, 3, None, client=a))
     assert [(client, got is not None) for client, got in taken] == [
         (a, True),  # inserted by the one statement
         (b, True),  # a's key does not stop b's insert
@@ -86,7 +87,7 @@ def test_the_one_statement_submit_keeps_keys_per_client(
 
 def test_racing_submits_of_one_key_by_two_clients_create_one_run_each(store: Store) -> None:
     a, b = new_client(), new_client()
-    store.runs.create_run("t", new_key(), {}, 3, None, client=a)  # a remembered, b not
+    store.runs.create_run(NewRun("t", new_key(), {}, 3, None, client=a))  # a remembered, b not
     key = new_key()
     results: list[tuple[str, int, bool]] = []
     lock = threading.Lock()
@@ -94,7 +95,7 @@ def test_racing_submits_of_one_key_by_two_clients_create_one_run_each(store: Sto
 
     def submit(client: str) -> None:
         start.wait(30)
-        run_id, created = store.runs.create("t", key, {}, 3, None, client=client)
+        run_id, created = store.runs.create(NewRun("t", key, {}, 3, None, client=client))
         with lock:
             results.append((client, run_id, created))
 
@@ -119,13 +120,15 @@ def test_a_schedule_s_slot_runs_once_for_its_client_whoever_else_used_its_key(
     other = new_client()
     # the key taken by another client's run first (a submit refuses `schedule:` keys; the
     # store does not)
-    squatter = store.runs.create_run("t", key, {}, 3, None, client=other).id
+    squatter = store.runs.create_run(NewRun("t", key, {}, 3, None, client=other)).id
 
     def fire(schedule: Schedule, now: datetime, previous_running: bool) -> Firing:
         assert schedule.decided_until is not None
         if schedule.name != name:
             return Firing([], schedule.decided_until, schedule.buffered, changed=False)
-        run = NewRun("print_range", key, {"n": 1}, 1, None, name, slot)
+        run = NewRun("print_range", key, {"n": 1}, 1, None, name, slot).charged_to(
+            Client(DEFAULT_CLIENT)
+        )
         return Firing([run], schedule.decided_until, None, due_at=now)  # due again at once
 
     try:

@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from dtask import services
 from dtask.db import Store
+from dtask.domain.runs import NewRun
 from dtask.worker import notifier
 from dtask.worker.loop import Loop
 from tests.support.db import wait_for
@@ -50,7 +51,9 @@ made: list[int] = []
 
 def finished_run(store: Store, url: str, due_in: float = 0.0) -> int:
     """A run that succeeded just now, its notification due in ``due_in`` seconds."""
-    run_id, created = store.runs.create("t", f"notify:{uuid.uuid4()}", {}, 1, None, notify_url=url)
+    run_id, created = store.runs.create(
+        NewRun("t", f"notify:{uuid.uuid4()}", {}, 1, None, notify_url=url)
+    )
     assert created
     with store.engine.begin() as conn:
         conn.execute(

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from dtask import services
 from dtask.db import Claim, Store
 from dtask.db.database import RUN_LOCKS
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 from dtask.worker import configure
 from dtask.worker.reaper import LostMessages, Pass, reap_once
 from dtask.worker.tasks import run_master
@@ -40,7 +40,7 @@ def sql(statement: str, **params: object) -> None:
 
 
 def new_run(store: Store, template: str, variables: dict[str, int]) -> int:
-    run_id, _ = store.runs.create(template, f"test:{uuid.uuid4()}", variables, 3, None)
+    run_id, _ = store.runs.create(NewRun(template, f"test:{uuid.uuid4()}", variables, 3, None))
     return run_id
 
 

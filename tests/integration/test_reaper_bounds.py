@@ -13,7 +13,7 @@ import pytest
 from dtask import services
 from dtask.db import Claim, Store
 from dtask.db.recovery import MASTERS_WHILE_MOVING
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 from dtask.worker import configure
 from dtask.worker.app import app
 from dtask.worker.dispatch import send_chord
@@ -68,7 +68,9 @@ def test_lost_messages_are_re_sent_whatever_the_queue_holds_in_bounded_batches(
     store: Store,
 ) -> None:
     queue = f"lost-{uuid.uuid4().hex[:8]}"
-    run_id, _ = store.runs.create("print_range", f"test:{uuid.uuid4()}", {"n": 300}, 3, queue)
+    run_id, _ = store.runs.create(
+        NewRun("print_range", f"test:{uuid.uuid4()}", {"n": 300}, 3, queue)
+    )
     store.runs.split(run_id, lambda run: [{"a": i, "b": i} for i in range(300)])
     store.runs.dispatch(run_id, send_chord)
     assert queue_size(queue) == 300  # a backlog: every message waits in the queue

@@ -10,7 +10,7 @@ import pytest
 from dtask import services
 from dtask.db import Store
 from dtask.db.database import sql
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 from dtask.exceptions import NothingToRerun
 
 DAY = 86400.0
@@ -22,7 +22,7 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 
 def finished_run(store: Store, children: int, days_ago: float, ok: bool = True) -> int:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, kids: None)
     with store.db.tx() as conn:  # every child done at once, as a worker would leave them
@@ -62,8 +62,8 @@ def test_only_finished_runs_past_the_limit_go_with_their_children(store: Store) 
     store.retention.prune(1000 * DAY)  # what older tests left past the horizon is not ours
     old = [finished_run(store, 1200, 40), finished_run(store, 3, 31, ok=False)]
     young = finished_run(store, 3, 10)
-    running, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
-    after, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None, after=[old[0]])
+    running, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
+    after, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None, after=[old[0]]))
     assert store.retention.count(30 * DAY).runs >= 2
     counted = store.retention.count(30 * DAY)
     pruned = store.retention.prune(30 * DAY, children_per_chunk=500)

@@ -13,7 +13,7 @@ import pytest
 from dtask import services
 from dtask.db import Store
 from dtask.db.runs import Chained
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 
 def new_run(store: Store) -> int:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     return run_id
 
 

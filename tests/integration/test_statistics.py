@@ -12,7 +12,7 @@ from dtask import services
 from dtask.db import Store
 from dtask.db.database import sql
 from dtask.db.statistics import LARGE_SPLIT, SHARE
-from dtask.domain.runs import RunState
+from dtask.domain.runs import NewRun, RunState
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def analyzed(store: Store) -> int:
 
 
 def split(store: Store, children: int) -> None:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     plan = [{"i": i} for i in range(children)]
     assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
 

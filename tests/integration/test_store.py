@@ -12,7 +12,7 @@ import pytest
 
 from dtask import services
 from dtask.db import Claim, Refusal, RunRecord, Store
-from dtask.domain.runs import ChildState, ClaimRefusal, RunState
+from dtask.domain.runs import ChildState, ClaimRefusal, NewRun, RunState
 from dtask.exceptions import InvalidResult, KeyConflict, LeaseLost, RunNotFound
 
 
@@ -23,7 +23,7 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 def new_run(store: Store, children: int = 3, max_attempts: int = 2) -> int:
     run_id, created = store.runs.create(
-        "t", f"test:{uuid.uuid4()}", {"n": children}, max_attempts, None
+        NewRun("t", f"test:{uuid.uuid4()}", {"n": children}, max_attempts, None)
     )
     assert created
     state = store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
@@ -39,18 +39,20 @@ def claim(store: Store, run_id: int, index: int = 0, ttl: float = 30) -> Claim:
 
 def test_same_key_returns_the_same_run(store: Store) -> None:
     key = f"test:{uuid.uuid4()}"
-    first, created = store.runs.create("t", key, {"n": 1}, 3, None)
-    second, created_again = store.runs.create("t", key, {"n": 1}, 3, None)
+    first, created = store.runs.create(NewRun("t", key, {"n": 1}, 3, None))
+    second, created_again = store.runs.create(NewRun("t", key, {"n": 1}, 3, None))
     assert (first, created) == (second, True) and created_again is False
     with pytest.raises(KeyConflict, match="already triggered run"):
-        store.runs.create("t", key, {"n": 2}, 3, None)
+        store.runs.create(NewRun("t", key, {"n": 2}, 3, None))
 
 
 def test_concurrent_triggers_of_one_key_create_one_run(store: Store) -> None:
     key = f"test:{uuid.uuid4()}"
     results: list[tuple[int, bool]] = []
     threads = [
-        threading.Thread(target=lambda: results.append(store.runs.create("t", key, {}, 3, None)))
+        threading.Thread(
+            target=lambda: results.append(store.runs.create(NewRun("t", key, {}, 3, None)))
+        )
         for _ in range(8)
     ]
     for t in threads:
@@ -62,7 +64,7 @@ def test_concurrent_triggers_of_one_key_create_one_run(store: Store) -> None:
 
 
 def test_split_happens_once_even_when_the_master_runs_twice(store: Store) -> None:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None))
     calls: list[int] = []
     barrier = threading.Barrier(4)
 
@@ -108,7 +110,7 @@ def test_dispatch_sends_once_and_resends_after_a_crash(store: Store) -> None:
 def test_a_plan_error_fails_the_run_with_its_message(store: Store) -> None:
     from dtask.exceptions import InvalidSplit
 
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None))
 
     def bad(run: RunRecord) -> list[dict[str, Any]]:
         raise InvalidSplit("no children")
@@ -188,7 +190,7 @@ def test_finalize_waits_for_all_children_and_is_idempotent(store: Store) -> None
 
 
 def test_unsent_run_can_be_forgotten_and_unknown_runs_are_clear(store: Store) -> None:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 3, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None))
     store.runs.forget_unsent(run_id)
     with pytest.raises(RunNotFound, match=f"no run with id {run_id}"):
         store.runs.status(run_id)

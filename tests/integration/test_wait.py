@@ -13,7 +13,7 @@ from sqlalchemy import event
 from dtask import services
 from dtask.client.runs import Run
 from dtask.db import Store
-from dtask.domain.runs import RunStatus
+from dtask.domain.runs import NewRun, RunStatus
 from dtask.exceptions import WaitTimeout
 
 
@@ -33,7 +33,7 @@ def counted(dtask_env: dict[str, str]) -> Iterator[list[str]]:
 
 
 def big_run(store: Store, children: int) -> int:
-    run_id, _ = store.runs.create("t", f"test:{uuid.uuid4()}", {}, 1, None)
+    run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, kids: None)
     return run_id

@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 import dtask
 from dtask import services
+from dtask.domain.runs import NewRun
 from dtask.worker import configure
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
@@ -60,7 +61,7 @@ def lose(n: int, delay: float) -> int:
     worker took it."""
     store = services.store()
     variables = {"n": n, "delay": delay}
-    run_id, _ = store.runs.create("slow_range", f"lost:{uuid.uuid4()}", variables, 3, None)
+    run_id, _ = store.runs.create(NewRun("slow_range", f"lost:{uuid.uuid4()}", variables, 3, None))
     run_master(store, run_id)
     group = store.runs.get(run_id).group_id
     assert group is not None
