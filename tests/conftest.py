@@ -12,10 +12,20 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import hypothesis
 import pytest
+from sqlalchemy import text
 
 from dtask import services
 from dtask.services import embedded
+from tests.support import order
+
+# Hypothesis's timing checks fail on a busy machine (the suite runs its files in parallel):
+# what is tested is each example's outcome; speed lives in `make bench`.
+hypothesis.settings.register_profile(
+    "dtask", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("dtask")
 
 REPO = Path(__file__).resolve().parents[1]
 DTASK = str(Path(sys.executable).with_name("dtask"))
@@ -39,6 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["DTASK_TEST_AMQP_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # an xdist process: see tests/support/order.py
+        order.longest_first(items)
+
+
 @pytest.fixture(scope="session")
 def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """DTASK_* for this session, applied to this process and handed to subprocesses."""
@@ -58,12 +73,42 @@ def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     services.reset()
     try:
         services.store()  # start the embedded services and migrate once, up front
+        _started.append(True)
         yield dict(os.environ)
     finally:
+        _started.clear()
         services.reset()
         embedded.stop(home)
         os.environ.clear()
         os.environ.update(saved)
+
+
+_started: list[bool] = []  # whether this process's session started the services
+
+
+@pytest.fixture(autouse=True, scope="module")
+def earlier_files_ended() -> None:
+    """Each test file starts where no run of an earlier file is active and no worker of one
+    is registered: on an xdist process the files share one embedded PostgreSQL, and a run
+    left by another file (of a template no worker of this file knows) would take a share of
+    this file's dispatch window, and a worker row left by it a share of the connection
+    budget. Earlier files' runs are cancelled, as an operator would, and their workers'
+    rows removed (their processes are gone: module fixtures end with their file)."""
+    if not _started:
+        return
+    store = services.store()
+    with store.engine.connect() as conn:
+        active = conn.execute(
+            text(
+                "SELECT id FROM dtask_runs"
+                " WHERE state IN ('waiting', 'pending', 'splitting', 'running')"
+            )
+        ).scalars()
+        left = list(active)
+    for run_id in left:
+        store.runs.cancel(run_id)
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM dtask_workers"))
 
 
 @pytest.fixture(scope="session")

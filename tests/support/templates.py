@@ -88,6 +88,30 @@ def slow_range(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
 
 
 @dtask.template(
+    "held_range",
+    params={"n": int, "delay": float, "hold": str},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "hold": "${hold}"},
+    split=dtask.RangeSplit("start", "end", chunk=20, carry=("delay", "hold")),
+    checkpoint_every=5,
+    checkpoint_interval=3600,
+)
+def held_range(ctx: dtask.ChildContext, a: int, b: int, delay: float, hold: str) -> None:
+    """slow_range whose children, from their 6th item on (5 checkpointed), wait after each
+    item while DTASK_TEST_SINK/<hold> exists, until asked to stop: a test decides when they
+    may finish, whatever the machine's speed."""
+    import time
+
+    gate = Path(os.environ["DTASK_TEST_SINK"]) / hold
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            time.sleep(delay)
+            out.write(f"{i}\n")
+            out.flush()
+            while i - a >= 5 and gate.exists() and not ctx.should_stop():
+                time.sleep(0.05)
+
+
+@dtask.template(
     "slow_split",
     params={"n": int},
     skeleton={"start": 1, "end": "${n}"},
