@@ -44,8 +44,12 @@ chromium:
 	    echo "could not install Chromium: the browser tests will be skipped"; \
 	  else echo "no Chromium (and no root apt-get): the browser tests will be skipped"; fi; }
 
+# The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
+# workers), the longest files first (tests/durations.json); each process has its own embedded
+# PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
+TEST_PROCESSES ?= 3
 test: lint typecheck chromium
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,api,bench]'

@@ -32,11 +32,9 @@ DTASK = str(Path(sys.executable).with_name("dtask"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`pytest -n 2 --dist loadfile`: about 13 minutes instead of 22, but
-    the fault tests are not yet steady with another file's load beside them, so `make test`
-    runs serially) each process gets a RabbitMQ vhost of its own, so two test files never
-    share the queue `dtask`. Embedded PostgreSQL and Redis
-    are per process already (each has its own DTASK_HOME)."""
+    """Under pytest-xdist (`make test`: `pytest -n 3 --dist loadfile`) each process gets a
+    RabbitMQ vhost of its own, so two test files never share the queue `dtask`. Embedded
+    PostgreSQL and Redis are per process already (each has its own DTASK_HOME)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or "DTASK_TEST_AMQP_URL" in os.environ:
         return
