@@ -132,7 +132,7 @@ class _Client:
     def signature(
         self, template: str, variables: dict[str, Any], *, key: str | None, immutable: bool
     ) -> Any:
-        from dtask.worker.dispatch import submit_signature
+        from dtask.worker.messages import submit_signature
 
         return submit_signature(template, variables, key, immutable)
 

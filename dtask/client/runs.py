@@ -40,10 +40,10 @@ from dtask.exceptions import (
     WaitTimeout,
 )
 from dtask.worker import configure
-from dtask.worker.dispatch import send_master
 from dtask.worker.eager import active as eager_active
 from dtask.worker.eager import run as run_eagerly
-from dtask.worker.results import forget_run
+from dtask.worker.finalize import forget_run
+from dtask.worker.messages import send_master
 
 log = logging.getLogger("dtask.client")
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dtask.db import deps, run_here, statistics
+from dtask.db import deps, inline, statistics
 from dtask.db.children import Claim
 from dtask.db.database import lock_run, sql
-from dtask.db.run_here import TakeHere
+from dtask.db.inline import Inline
 from dtask.db.run_inserts import RunInserts
 from dtask.db.run_reads import child_results
 from dtask.domain.clients import Tier
@@ -111,7 +111,7 @@ class RunStore(RunInserts):
         plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
-        here: TakeHere | None = None,
+        offer: Inline | None = None,
     ) -> RunState:
         """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
 
@@ -119,9 +119,9 @@ class RunStore(RunInserts):
         ``wait=False`` a run whose lock is held (a master is on it) is left alone. With
         ``deferred`` the children wait unsent for the dispatcher (DTASK_DISPATCH=window).
 
-        With ``here`` (deferred only), a run of one child that the dispatcher would send at
+        With ``offer`` (deferred only), a run of one child that the dispatcher would send at
         once goes straight to running with its child taken for the caller, who runs it
-        (:func:`dtask.db.run_here.take`)."""
+        (:func:`dtask.db.inline.take`)."""
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
@@ -133,14 +133,14 @@ class RunStore(RunInserts):
             except DtaskError as exc:
                 self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
                 return RunState.FAILED
-            if here is not None and deferred and len(specs) == 1:  # noqa: SIM102 (a write)
-                if run_here.take(conn, run_id, run.max_attempts, specs[0], here):
-                    here.template = run.template
+            if offer is not None and deferred and len(specs) == 1:  # noqa: SIM102 (a write)
+                if inline.take(conn, run_id, run.max_attempts, specs[0], offer):
+                    offer.template = run.template
                     return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
             split = len(specs)
             conn.execute(
-                sql(f"UPDATE dtask_runs SET {run_here.SPLIT} WHERE id = :id AND state = 'pending'"),
+                sql(f"UPDATE dtask_runs SET {inline.SPLIT} WHERE id = :id AND state = 'pending'"),
                 {
                     "id": run_id,
                     "state": RunState.SPLITTING.value,
@@ -299,7 +299,7 @@ class RunStore(RunInserts):
             conn.execute(
                 sql(
                     "UPDATE dtask_runs SET state = 'splitting', error = NULL, finished_at = NULL,"
-                    f" {run_here.NEXT_GROUP},"
+                    f" {inline.NEXT_GROUP},"
                     " chord_size = (SELECT count(*) FROM dtask_children"
                     "   WHERE run_id = :id AND state <> 'succeeded'),"
                     " updated_at = now() WHERE id = :id"
@@ -317,10 +317,10 @@ class RunStore(RunInserts):
         chained: list[int] | None = None,
     ) -> list[int] | None:
         """A run's only child succeeded, and the run with it, in one transaction (for a run
-        whose template has no reduce): :func:`dtask.db.run_here.finish`."""
+        whose template has no reduce): :func:`dtask.db.inline.finish`."""
         with self.db.tx() as conn:
             lock_run(conn, run_id, wait=True)
-            return run_here.finish(conn, run_id, claim, checkpoint, result, chained)
+            return inline.finish(conn, run_id, claim, checkpoint, result, chained)
 
     def add_chain(self, run_id: int, chain: dict[str, Any]) -> RunState:
         """Keep ``chain`` (the rest of a Celery chain a ``dtask.submit`` task took over, as

@@ -29,7 +29,6 @@ from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain, links
-from dtask.worker.dispatch import publish
 from dtask.worker.lifecycle import (
     Writes,
     finalize_if_last,
@@ -40,6 +39,7 @@ from dtask.worker.lifecycle import (
     run_child,
     template_backoff,
 )
+from dtask.worker.messages import publish
 from dtask.worker.task_table import CHILDREN
 from dtask.worker.tasks import dtask_task
 

@@ -33,7 +33,7 @@ from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Schedule, Tick, iso, trigger_key
 from dtask.domain.templates import registry
 from dtask.exceptions import DtaskError
-from dtask.worker.dispatch import send_master
+from dtask.worker.messages import send_master
 
 log = logging.getLogger("dtask.beat")
 MAX_SLEEP = 1.0

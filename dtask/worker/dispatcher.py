@@ -16,18 +16,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from celery.signals import worker_ready, worker_shutting_down
 
 from dtask import services
 from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, window
-from dtask.worker import scope
+from dtask.settings import Settings
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import broker_priority, publish
 from dtask.worker.loop import Loop
-from dtask.worker.reaper import Sender
-from dtask.worker.registry import runs_here
+from dtask.worker.messages import Sender, broker_priority, publish
+from dtask.worker.presence import can_run
 
 log = logging.getLogger("dtask.worker")
 
@@ -55,22 +51,6 @@ class Pace:
         return self.per_second
 
 
-class Forks:
-    """How many children this process has forked. A child forked while a kombu Redis
-    connection is open shuts that connection's socket down in its after-fork cleanup, for
-    the parent too: after every fork (a pool process replaced) the parent's dispatcher opens
-    a new connection."""
-
-    count = 0
-
-    @classmethod
-    def forked(cls) -> None:
-        cls.count += 1
-
-
-os.register_at_fork(after_in_parent=Forks.forked)
-
-
 @dataclass
 class Dispatcher:
     """The state one process keeps between its passes (fair-share passes, paces, and its own
@@ -78,28 +58,21 @@ class Dispatcher:
 
     passes: dict[str, Passes] = field(default_factory=dict)
     paces: dict[str, Pace] = field(default_factory=dict)
-    sender: Sender | None = None
-    sender_forks: int = 0
+    sender: Sender = field(default_factory=Sender)
     pid: int = field(default_factory=os.getpid)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def once(self, wait: float = 0.0) -> int | None:
         """One pass: how many runs have children waiting (0: nothing to do; the loop slows
         down), or None when another process holds the turn. A pass that fails drops the
-        connection, and so does a fork since the last pass; the next opens a new one."""
-        if self.pid != os.getpid():  # a forked child: its parent's lock and socket are not its
-            self.pid, self.lock, self.sender = os.getpid(), threading.Lock(), None
+        connection; the next opens a new one (so does a fork: :class:`Sender`)."""
+        if self.pid != os.getpid():  # a forked child: its parent's pass may hold the lock
+            self.pid, self.lock = os.getpid(), threading.Lock()
         with self.lock:
-            if self.sender is not None and self.sender_forks != Forks.count:
-                self.sender.close()
-                self.sender = None
-            if self.sender is None:
-                self.sender, self.sender_forks = Sender(), Forks.count
             try:
                 return self._pass(self.sender, wait)
             except BaseException:
                 self.sender.close()
-                self.sender = None
                 raise
 
     def _pass(self, sender: Sender, wait: float = 0.0) -> int | None:
@@ -112,7 +85,7 @@ class Dispatcher:
             if not demands:
                 return 0
             workers = store.workers.live(settings.worker_seen_within)
-            can = runs_here(workers)
+            can = can_run(workers)
             queues_out, clients_out = turn.out(can)
             for queue, waiting in demands.items():
                 name = queue or DEFAULT_QUEUE
@@ -171,25 +144,5 @@ def nudge() -> None:
         log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
 
 
-_loop: Loop | None = None
-
-
-def install() -> None:
-    """Run a dispatcher loop in this worker's main process once it is ready (window mode)."""
-    worker_ready.connect(_start, weak=False)
-    worker_shutting_down.connect(_stop, weak=False)
-
-
-def _start(sender: Any = None, **_: Any) -> None:
-    global _loop
-    if not scope.serves(getattr(sender, "app", None)):
-        return  # another app's worker (dtask/worker/scope.py)
-    settings = services.current().settings
-    if _loop is None and settings.dispatch == "window":
-        _loop = Loop("dispatcher", settings.dispatch_interval, _here.once)
-        _loop.start()
-
-
-def _stop(**_: Any) -> None:
-    if _loop is not None:
-        _loop.stop()
+def loop(settings: Settings) -> Loop:
+    return Loop("dispatcher", settings.dispatch_interval, _here.once)

@@ -107,7 +107,7 @@ def run(run_id: int) -> RunState:
     """Split the run, run each of its children here, finalize it: its final state (or its
     state where it could not start: waiting for upstream runs, or failed at its split)."""
     # the worker's modules, loaded only where runs execute in process: a submit needs none
-    from dtask.worker.results import finalize_run
+    from dtask.worker.finalize import finalize_run
     from dtask.worker.tasks import run_master
 
     store = services.store()

@@ -34,10 +34,10 @@ from dtask.exceptions import (
 )
 from dtask.settings import Settings
 from dtask.worker import drain, links, runaway
-from dtask.worker.dispatch import publish
+from dtask.worker.finalize import Finalizes, finalize_run
 from dtask.worker.heartbeat import Heartbeat
+from dtask.worker.messages import publish
 from dtask.worker.output import Tail
-from dtask.worker.results import Finalizes, finalize_run
 
 log = logging.getLogger("dtask.worker")
 

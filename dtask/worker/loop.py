@@ -1,24 +1,38 @@
-"""A background loop in a worker's main process: one pass every interval while there is work,
-ten intervals otherwise; a failing pass is logged once per distinct error and retried."""
+"""The one kind of background loop in a worker's main process (the reaper, the dispatcher,
+the notifier, the monitor): one pass every interval while there is work, slower otherwise; a
+failing pass is logged once per distinct error (with its traceback unless it is a DtaskError)
+and tried again. ``in_worker`` starts a list of them in every worker of dtask's app."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
+from dtask.exceptions import DtaskError
 from dtask.worker import scope
 
 log = logging.getLogger("dtask.worker")
 
 
 class Loop:
-    def __init__(self, name: str, interval: float, once: Callable[[], int | None]) -> None:
+    """``once`` returns how much work the pass found: none (0, or None where another process
+    holds the turn) waits ``slow`` (ten intervals unless given) before the next pass, some
+    ``interval``."""
+
+    def __init__(
+        self,
+        name: str,
+        interval: float,
+        once: Callable[[], int | None],
+        slow: float | None = None,
+    ) -> None:
         self.name = name
         self.interval = interval
+        self.slow = 10 * interval if slow is None else slow
         self.once = once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dtask {name}", daemon=True)
@@ -34,29 +48,34 @@ class Loop:
         failing = ""
         while not self._stop.wait(wait):
             try:
-                busy = self.once()
+                found = self.once()
             except Exception as exc:
-                if str(exc) != failing:
-                    log.warning("%s: pass failed, trying again: %s", self.name, exc)
-                failing, wait = str(exc), 10 * self.interval
+                error = f"{type(exc).__name__}: {exc}"
+                if error != failing:
+                    log.warning(
+                        "%s: pass failed, trying again: %s", self.name, exc,
+                        exc_info=not isinstance(exc, DtaskError),
+                    )  # fmt: skip
+                failing, wait = error, self.slow
                 continue
             failing = ""
-            wait = self.interval if busy else 10 * self.interval
+            wait = self.interval if found else self.slow
 
 
-def in_worker(name: str, interval: float, once: Callable[[], int | None]) -> None:
-    """Run ``once`` in a :class:`Loop` in the main process of every worker of dtask's app
-    (dtask/worker/scope.py), from the moment the worker is ready until it shuts down."""
-    loop = Loop(name, interval, once)
+def in_worker(loops: Sequence[Loop]) -> None:
+    """Run ``loops`` in the main process of every worker of dtask's app (dtask/worker/scope.py),
+    from the moment the worker is ready until it shuts down."""
     started = threading.Event()
 
     def start(sender: Any = None, **_: Any) -> None:
         if not started.is_set() and scope.serves(getattr(sender, "app", None)):
             started.set()
-            loop.start()
+            for loop in loops:
+                loop.start()
 
     def stop(**_: Any) -> None:
-        loop.stop()
+        for loop in loops:
+            loop.stop()
 
     worker_ready.connect(start, weak=False)
     worker_shutting_down.connect(stop, weak=False)

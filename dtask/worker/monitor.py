@@ -14,7 +14,7 @@ from dtask import services
 from dtask.db.alerts import OpenAlert
 from dtask.domain.alerts import Limits, evaluate
 from dtask.worker import outbound
-from dtask.worker.loop import Loop, in_worker
+from dtask.worker.loop import Loop
 
 log = logging.getLogger("dtask.alerts")
 INTERVAL = 2.0
@@ -69,10 +69,5 @@ def _post(url: str, event: str, alert: OpenAlert) -> None:
     log.warning("alert %s (%s) not delivered to DTASK_ALERT_WEBHOOK: %s", alert.id, event, error)
 
 
-def install() -> None:
-    in_worker("monitor", INTERVAL, once)
-
-
 def loop() -> Loop:
-    """For a process that is not a worker (`dtask serve`): start and stop it yourself."""
     return Loop("monitor", INTERVAL, once)

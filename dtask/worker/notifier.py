@@ -20,7 +20,7 @@ from dtask import services
 from dtask.db.notify import Due
 from dtask.domain.notify import SIGNATURE_HEADER, backoff, signature
 from dtask.worker import outbound
-from dtask.worker.loop import in_worker
+from dtask.worker.loop import Loop
 
 log = logging.getLogger("dtask.worker")
 INTERVAL = 0.5
@@ -98,5 +98,5 @@ def once() -> int:
     return _notifier.once()
 
 
-def install() -> None:
-    in_worker("notifier", INTERVAL, once)
+def loop() -> Loop:
+    return Loop("notifier", INTERVAL, once)

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
-
-from celery.signals import worker_ready, worker_shutting_down
+from typing import TypeVar
 
 from dtask import services
 from dtask.db import Store, Waiting
@@ -35,11 +32,12 @@ from dtask.domain.dispatch import batch_size
 from dtask.domain.runs import RunState
 from dtask.exceptions import DtaskError
 from dtask.settings import Settings
-from dtask.worker import chains, registry, scope
+from dtask.worker import chains, presence
 from dtask.worker.app import current
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import PUBLISH_BATCH, publish, send_finalize, send_master
-from dtask.worker.results import finalize_run, runs_user_code, start_released
+from dtask.worker.finalize import finalize_run, runs_user_code, start_released
+from dtask.worker.loop import Loop
+from dtask.worker.messages import PUBLISH_BATCH, Sender, publish, send_finalize, send_master
 
 log = logging.getLogger("dtask.reaper")
 CALLBACK_GRACE = 2.0  # seconds the chord callback gets before the reaper finalizes instead
@@ -103,29 +101,6 @@ class Budget:
 
     def left(self) -> bool:
         return time.monotonic() < self.deadline
-
-
-class Sender:
-    """The pass's own broker connection, opened when the pass first sends and closed with it.
-    Not the app's pooled one: a pool process forked later (one replacing a killed process)
-    shuts the inherited socket down in its after-fork cleanup, and on RabbitMQ the reaper's
-    next send failed with "connection reset by peer"."""
-
-    def __init__(self) -> None:
-        self._connection: Any = None
-        self._producer: Any = None
-
-    @property
-    def producer(self) -> Any:
-        if self._producer is None:
-            self._connection = current().connection_for_write()
-            self._producer = current().amqp.Producer(self._connection)
-        return self._producer
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.release()
-        self._connection = self._producer = None
 
 
 class LostMessages:
@@ -265,7 +240,7 @@ def _resend(store: Store, config: Settings, budget: Budget, sender: Sender) -> i
     """Re-send children not claimed a stall timeout after their message was sent, each queue
     on its own (a queue whose broker fails is logged and skipped)."""
     resent = 0
-    can = registry.runs_here(store.workers.live(config.worker_seen_within))
+    can = presence.can_run(store.workers.live(config.worker_seen_within))
     for waiting in store.recovery.waiting(config.stall_timeout, can):
         if waiting.overdue and budget.left():
             name = waiting.queue or DEFAULT_QUEUE
@@ -306,45 +281,13 @@ def _resend_queue(
     return resent
 
 
-class Reaper:
-    def __init__(self, interval: float) -> None:
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="dtask reaper", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            failures.guard("reporting this worker", None, registry.report)
-            try:
-                reap_once()
-            except DtaskError as exc:
-                log.warning("reaper: %s", exc)
-            except Exception:
-                log.exception("reaper pass failed")
+def once() -> int:
+    """This worker's report, then a pass if it holds the reaper's turn (the loop's pace is the
+    same either way: a reaper never slows down)."""
+    failures.guard("reporting this worker", None, presence.report)
+    reap_once()
+    return 1
 
 
-_reaper: Reaper | None = None
-
-
-def install() -> None:
-    """Run a reaper in this worker's main process once it is ready (called by `dtask worker`)."""
-    worker_ready.connect(_start, weak=False)
-    worker_shutting_down.connect(_stop, weak=False)
-
-
-def _start(sender: Any = None, **_: Any) -> None:
-    global _reaper
-    if _reaper is None and scope.serves(getattr(sender, "app", None)):
-        _reaper = Reaper(services.current().settings.reaper_interval)
-        _reaper.start()
-
-
-def _stop(**_: Any) -> None:
-    if _reaper is not None:
-        _reaper.stop()
+def loop(settings: Settings) -> Loop:
+    return Loop("reaper", settings.reaper_interval, once, slow=settings.reaper_interval)

@@ -20,7 +20,7 @@ from celery.signals import task_revoked
 
 from dtask import services
 from dtask.domain.runs import RunState
-from dtask.worker.results import finalize_run, forget_run
+from dtask.worker.finalize import finalize_run, forget_run
 from dtask.worker.task_table import CHILD, CHILDREN, MASTER
 
 log = logging.getLogger("dtask.worker")

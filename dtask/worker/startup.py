@@ -27,10 +27,11 @@ from dtask.worker import (
     drain,
     events,
     load,
+    loop,
     monitor,
     notifier,
+    presence,
     reaper,
-    registry,
     scope,
 )
 from dtask.worker.config import DEFAULT_QUEUE
@@ -49,11 +50,10 @@ def install() -> None:
     _installed = True
     load()
     drain.install()  # first on worker_shutting_down: the hand-over starts before anything else
-    registry.install()
-    reaper.install()
-    dispatcher.install()
-    notifier.install()
-    monitor.install()
+    presence.install()
+    settings = services.current().settings
+    window = [dispatcher.loop(settings)] if settings.dispatch == "window" else []
+    loop.in_worker([reaper.loop(settings), *window, notifier.loop(), monitor.loop()])
     worker_init.connect(_import_driver, weak=False)
     worker_process_init.connect(_as_pool_process, weak=False)
     celeryd_after_setup.connect(_check_queues, weak=False)

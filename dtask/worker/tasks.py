@@ -1,7 +1,7 @@
 """The thin Celery tasks. Each is idempotent: any message may arrive twice.
 
 master   pending -> splitting (children inserted once) -> running (chord sent); a run of one
-         child nothing competes with: its child taken at the split and run here
+         child nothing competes with: its child taken at the split and run inline
 child    one child's lifecycle (dtask/worker/lifecycle.py)
 finalize (the chord callback, also its errback) marks the master from PostgreSQL's counts
 submit   a run from a Celery signature; in a chain, the rest of it waits for the run
@@ -20,7 +20,7 @@ from celery.exceptions import Ignore
 
 from dtask import services
 from dtask.db import Claim, RunRecord, Store
-from dtask.db.run_here import TakeHere
+from dtask.db.inline import Inline
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
@@ -33,7 +33,7 @@ from dtask.exceptions import (
 from dtask.settings import Settings
 from dtask.worker import chains, dispatcher, drain, task_table
 from dtask.worker.app import app
-from dtask.worker.dispatch import readable, send_chord
+from dtask.worker.finalize import finalize_run, start_released
 from dtask.worker.lifecycle import (
     Writes,
     hand_over,
@@ -43,7 +43,7 @@ from dtask.worker.lifecycle import (
     run_child,
     template_backoff,
 )
-from dtask.worker.results import finalize_run, start_released
+from dtask.worker.messages import readable, send_chord
 from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, SUBMIT
 from dtask.worker.time_limit import time_limit
 
@@ -83,13 +83,13 @@ def run_master(
     store: Store,
     run_id: int,
     wait: bool = True,
-    here: list[Here] | None = None,
+    inline: list[InlineChild] | None = None,
     send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None] | None = None,
 ) -> RunState:
     """Split and dispatch ``run_id`` if that has not happened yet (the master task's body).
     Raises TemplateElsewhere, leaving the run pending, when this worker does not know the
-    template and others may still take it. With ``here``, a run of one child the dispatcher
-    would send at once is not sent: ``here`` gets its child, for the caller to run. With
+    template and others may still take it. With ``inline``, a run of one child the dispatcher
+    would send at once is not sent: ``inline`` gets its child, for the caller to run. With
     ``send``, the children go to it instead of the broker (test mode: dtask/worker/eager.py)."""
     settings = services.current().settings
 
@@ -108,13 +108,13 @@ def run_master(
             return template.plan(run.variables, settings.max_children, settings.max_child_spec)
 
     deferred = send is None and settings.dispatch == "window"  # the dispatcher sends them
-    # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it here
-    take = None
-    if here is not None and settings.dispatch_window is None:
-        take = TakeHere(owner_name(), settings.lease_ttl)
-    state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, here=take)
-    if here is not None and take is not None:
-        here.extend(Here(run_id, i, take.template, claim) for i, claim in take.taken)
+    # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it inline
+    offer = None
+    if inline is not None and settings.dispatch_window is None:
+        offer = Inline(owner_name(), settings.lease_ttl)
+    state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, offer=offer)
+    if inline is not None and offer is not None:
+        inline.extend(InlineChild(run_id, i, offer.template, claim) for i, claim in offer.taken)
     if state is RunState.PENDING:
         starts_in = store.runs.get(run_id).starts_in
         if starts_in > 0:
@@ -129,9 +129,9 @@ def run_master(
 @dtask_task(MASTER)
 def master(self: Task, run_id: int) -> None:
     drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
-    here: list[Here] = []
+    inline: list[InlineChild] = []
     try:
-        state = run_master(services.store(), run_id, here=here)
+        state = run_master(services.store(), run_id, inline=inline)
     except TemplateElsewhere as exc:
         if not self.request.retries:
             log.warning("run %s: %s; leaving its master to another worker", run_id, exc)
@@ -143,13 +143,13 @@ def master(self: Task, run_id: int) -> None:
     log.info("run %s is %s", run_id, state.value)
     if state.finished:  # its split failed: a chain waiting for it fails with its error
         chains.after_finish(services.store(), run_id)
-    for child in here:
+    for child in inline:
         child.run()
 
 
-class Here:
+class InlineChild:
     """A one-child run's child, taken for its master's task by the split (``run_master``'s
-    ``here``) and run there: no message, no dispatcher pass, no chord count of its own; it
+    ``inline``) and run there: no message, no dispatcher pass, no chord count of its own; it
     finishes its run with it (in one transaction where the template has no reduce). Tried
     again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
     master's task for it."""
@@ -163,13 +163,13 @@ class Here:
     def run(self) -> None:
         drain.arm()
         store = services.store()
-        alone = registry.get(self.template).reduce is None
+        no_reduce = registry.get(self.template).reduce is None
         try:
             if drain.draining():  # stopping: let another process take it
                 self.retry(0.0)
             took = run_child(
                 self, self.run_id, self.index, self.template, self.claim.spec, False,
-                taken_ahead=self.claim, writes=Writes(finish=self.finish if alone else None),
+                taken_ahead=self.claim, writes=Writes(finish=self.finish if no_reduce else None),
             )  # fmt: skip
         except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
             return

@@ -53,7 +53,7 @@ def test_a_checkpoint_over_its_limit_fails_the_child_saying_so(worker: None) -> 
 
 
 def test_kwargsrepr_of_a_big_spec_is_cut_at_celerys_limit(dtask_env: dict[str, str]) -> None:
-    from dtask.worker.dispatch import readable
+    from dtask.worker.messages import readable
 
     shown = readable("t", 1, 0, {"blob": "x" * 60_000})
     assert len(shown["kwargsrepr"]) <= 1100 and shown["argsrepr"] == "t run 1 child 0"

@@ -16,7 +16,7 @@ from dtask import services
 from dtask.db import Redispatch
 from dtask.worker import configure
 from dtask.worker.app import app
-from dtask.worker.dispatch import publish
+from dtask.worker.messages import publish
 from tests.acceptance.test_faults import FAST, running_with_checkpoint
 from tests.conftest import WorkerProcess
 from tests.support.db import children, wait_for

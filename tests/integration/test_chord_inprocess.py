@@ -13,7 +13,7 @@ from celery import Celery
 
 import dtask
 from dtask import services
-from dtask.worker.dispatch import child_task_id, chord_callback
+from dtask.worker.messages import child_task_id, chord_callback
 from dtask.worker.tasks import child
 
 

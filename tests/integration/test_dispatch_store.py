@@ -13,7 +13,7 @@ from dtask import services
 from dtask.db import Claim, Refusal, Store
 from dtask.db.database import sql
 from dtask.db.dispatch import Out
-from dtask.db.run_here import TakeHere
+from dtask.db.inline import Inline
 from dtask.domain.clients import HIGHEST_PRIORITY, LOWEST_PRIORITY, Client
 from dtask.domain.runs import ClaimRefusal, NewRun, RunState
 from dtask.exceptions import LeaseLost
@@ -141,21 +141,21 @@ def test_what_is_out_is_counted_per_queue_and_client(store: Store) -> None:
 
 def split_here(
     store: Store, client: str, queue: str | None, priority: int, children: int = 1
-) -> tuple[int, RunState, TakeHere]:
+) -> tuple[int, RunState, Inline]:
     run_id, _ = store.runs.create(
         NewRun("t", f"test:{uuid.uuid4()}", {}, 2, queue, client=client, priority=priority)
     )
-    here = TakeHere("me:1", 30)
+    inline = Inline("me:1", 30)
     plan = [{"i": i} for i in range(children)]
-    state = store.runs.split(run_id, lambda run: plan, deferred=True, here=here)
-    return run_id, state, here
+    state = store.runs.split(run_id, lambda run: plan, deferred=True, offer=inline)
+    return run_id, state, inline
 
 
 def test_a_one_child_run_nothing_competes_with_is_taken_by_its_master(store: Store) -> None:
     client = new_client(store)
-    run_id, state, here = split_here(store, client, None, HIGHEST_PRIORITY)
+    run_id, state, inline = split_here(store, client, None, HIGHEST_PRIORITY)
     assert state is RunState.RUNNING
-    [(index, claim)] = here.taken
+    [(index, claim)] = inline.taken
     assert (index, claim.spec, claim.attempt, claim.fence) == (0, {"i": 0}, 0, 1)
     assert store.runs.status(run_id).state is RunState.RUNNING
     with store.dispatch.turn() as turn:  # the dispatcher never sends it
@@ -184,6 +184,6 @@ def test_the_dispatcher_decides_where_a_one_child_run_competes(store: Store) -> 
         (plain, None, HIGHEST_PRIORITY - 1, 1),
         (plain, None, HIGHEST_PRIORITY, 2),
     ):
-        run_id, state, here = split_here(store, client, queue, priority, children)
-        assert (state, here.taken) == (RunState.SPLITTING, []), (client, queue, priority)
+        run_id, state, inline = split_here(store, client, queue, priority, children)
+        assert (state, inline.taken) == (RunState.SPLITTING, []), (client, queue, priority)
         assert store.runs.status(run_id).state is RunState.SPLITTING

@@ -16,7 +16,7 @@ from dtask.db.recovery import MASTERS_WHILE_MOVING
 from dtask.domain.runs import NewRun, RunState
 from dtask.worker import configure
 from dtask.worker.app import app
-from dtask.worker.dispatch import send_chord
+from dtask.worker.messages import send_chord
 from dtask.worker.reaper import queue_size
 from tests.integration.test_reaper import expire_lease_of_child_0, lead_a_pass, new_run, running_run
 from tests.integration.test_reaper import sql as run_sql

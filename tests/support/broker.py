@@ -21,8 +21,8 @@ from dtask.domain.runs import NewRun
 from dtask.worker import configure
 from dtask.worker.app import app
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.dispatch import child_task_id
 from dtask.worker.dispatcher import Dispatcher
+from dtask.worker.messages import child_task_id
 from dtask.worker.tasks import run_master
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from dtask import services
-from dtask.worker import registry
+from dtask.worker import presence
 
 
 class Consumer:
-    """What ``registry.describe`` reads of Celery's consumer."""
+    """What ``presence.describe`` reads of Celery's consumer."""
 
-    hostname = "registry-test@here"
+    hostname = "presence-test@here"
 
     class task_consumer:
         queues: list[Any] = []
@@ -27,8 +27,8 @@ def names() -> set[str]:
 
 
 def test_a_report_after_leaving_does_not_list_the_worker_again(dtask_env: dict[str, str]) -> None:
-    registry._ready(sender=Consumer())
+    presence._ready(sender=Consumer())
     assert Consumer.hostname in names()
-    registry._leave()
-    registry.report()  # the reaper's last pass, a moment too late
+    presence._leave()
+    presence.report()  # the reaper's last pass, a moment too late
     assert Consumer.hostname not in names()

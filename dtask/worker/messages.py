@@ -5,9 +5,10 @@ Messages are addressed by task name, so this module needs the Celery app but not
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from celery.backends.redis import RedisBackend
 from celery.utils.saferepr import saferepr
@@ -19,6 +20,43 @@ from dtask.settings import is_redis, mask
 from dtask.worker.app import configure, current
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.task_table import CHILD, CHILDREN, FINALIZE, MASTER, SUBMIT
+
+
+class Sender:
+    """A loop's own broker connection (the dispatcher's, a reaper pass's), opened when it first
+    sends, not the app's pooled one. A child forked while a kombu connection is open shuts its
+    socket down in its after-fork cleanup, for the parent too (the reaper's next send on
+    RabbitMQ failed with "connection reset by peer"): after any fork the parent opens a new
+    one, and a forked child never touches the parent's."""
+
+    forks: ClassVar[int] = 0  # forks of this process so far (os.register_at_fork below)
+
+    def __init__(self) -> None:
+        self._connection: Any = None
+        self._producer: Any = None
+        self._opened_at = (os.getpid(), Sender.forks)
+
+    @property
+    def producer(self) -> Any:
+        if self._producer is not None and self._opened_at != (os.getpid(), Sender.forks):
+            self.close()
+        if self._producer is None:
+            self._connection = current().connection_for_write()
+            self._producer = current().amqp.Producer(self._connection)
+            self._opened_at = (os.getpid(), Sender.forks)
+        return self._producer
+
+    def close(self) -> None:
+        if self._connection is not None and self._opened_at[0] == os.getpid():
+            self._connection.release()  # a forked child leaves its parent's socket alone
+        self._connection = self._producer = None
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.forks += 1
+
+
+os.register_at_fork(after_in_parent=Sender.forked)
 
 
 def submit_signature(

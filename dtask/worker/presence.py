@@ -79,7 +79,7 @@ def install() -> None:
     worker_shutting_down.connect(_leave, weak=False)
 
 
-def runs_here(workers: list[WorkerInfo]) -> Callable[[str | None, str], bool]:
+def can_run(workers: list[WorkerInfo]) -> Callable[[str | None, str], bool]:
     """Whether a live worker of ``queue`` (None: the default) can run ``template``: the one
     test the dispatcher and the reaper apply before sending a run's children."""
     known: dict[str, list[tuple[str, ...] | None]] = {}

@@ -14,7 +14,7 @@ from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.worker import chains
-from dtask.worker.dispatch import forget_chord, send_master
+from dtask.worker.messages import forget_chord, send_master
 
 log = logging.getLogger("dtask.worker")
 

@@ -1,5 +1,5 @@
 """A run of one child that nothing competes with, run by its master's task (the worker's
-``Here``): its child is taken in the split's transaction, and finished with its run in one.
+``InlineChild``): its child is taken in the split's transaction, and finished with its run in one.
 What that saves over a child message is docs/benchmarks.md's "many small runs"."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SPLIT = (
 
 
 @dataclass
-class TakeHere:
+class Inline:
     """A master's offer to run its run's child itself, under ``owner``'s lease; ``taken`` gets
     the child's index and claim when the split took it, ``template`` the run's template."""
 
@@ -38,9 +38,9 @@ class TakeHere:
     template: str = ""
 
 
-def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: TakeHere) -> bool:
+def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, offer: Inline) -> bool:
     """pending -> running for a run of one child that would leave at once, its child inserted
-    as taken by ``here.owner`` (its fence moved, its attempt counted when it starts, as
+    as taken by ``offer.owner`` (its fence moved, its attempt counted when it starts, as
     ``ChildStore.claim_many`` leaves a child of a message): the dispatcher has nothing to weigh
     it against. Not when it goes to a tier's queue (other workers consume it), its client caps
     its children running (the dispatcher counts them) or a run of higher priority waits in the
@@ -80,8 +80,8 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
             "run": run_id,
             "spec": text,
             "max": max_attempts,
-            "owner": here.owner,
-            "ttl": here.lease_ttl,
+            "owner": offer.owner,
+            "ttl": offer.lease_ttl,
         },
     ).one()
     claim = Claim(
@@ -93,7 +93,7 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, here: Take
         None,
         run.execution_cap,
     )
-    here.taken.append((0, claim))
+    offer.taken.append((0, claim))
     return True
 
 
