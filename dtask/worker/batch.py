@@ -13,7 +13,6 @@ the children whose successes were written are refused as finished, the others ru
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -29,16 +28,10 @@ from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.worker import drain, links
-from dtask.worker.lifecycle import (
-    Writes,
-    finalize_if_last,
-    hand_over,
-    note_time,
-    owner_name,
-    patiently,
-    run_child,
-    template_backoff,
-)
+from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
+from dtask.worker.delivery import Delivery
+from dtask.worker.finalize import finalize_if_last
+from dtask.worker.lifecycle import note_time, run_child, template_backoff
 from dtask.worker.messages import publish
 from dtask.worker.task_table import CHILDREN
 from dtask.worker.tasks import dtask_task
@@ -50,18 +43,33 @@ class Resent(Exception):
     """The child went back to the broker in a message of its own."""
 
 
-class InBatch:
-    """A child's delivery inside a batch: a retry is a ``dtask.child`` message of its own
-    (the claim taken with the message handed back first, if the child still holds it)."""
+class InBatch(Delivery):
+    """A child of a ``dtask.children`` message: its start, heartbeat and success go through
+    the message's ``Held`` (successes written together); a retry is a ``dtask.child``
+    message of its own (the claim taken with the message handed back first, if the child
+    still holds it); its run is finalized once, at the message's end."""
 
-    retries = 0
+    def __init__(self, child: Redispatch, taken: Claim | None, held: Held) -> None:
+        super().__init__(child.run_id, child.index, child.template, child.spec, taken)
+        self.child, self.held = child, held
 
-    def __init__(self, child: Redispatch, ahead: Claim | None) -> None:
-        self.child, self.ahead = child, ahead
+    def start(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> Claim | None:
+        return self.held.start(claim, lease_ttl)
+
+    def renew(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> RunState | None:
+        return self.held.renew(claim, lease_ttl)
+
+    def finish(
+        self, store: LifecycleStore, claim: Claim, checkpoint: Any | None, result: str | None
+    ) -> None:
+        self.held.hold(self.child, claim, checkpoint, result)
+
+    def finalize(self, store: LifecycleStore) -> None:
+        """The message asks once, after its last child."""
 
     def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
-        if self.ahead is not None:
-            _unclaim(self.ahead)
+        if self.taken is not None:
+            _unclaim(self.taken)
         publish([self.child], countdown=countdown)
         raise Resent()
 
@@ -90,9 +98,6 @@ class Held:
         self.children: list[Redispatch] = []
         self.done: list[Finished] = []
         self._lock = threading.Lock()
-
-    def writes(self, child: Redispatch) -> Writes:
-        return Writes(self.start, functools.partial(self.hold, child), self.renew)
 
     def hold(self, child: Redispatch, claim: Claim, checkpoint: Any, result: str | None) -> None:
         with self._lock:
@@ -196,12 +201,8 @@ def children(
                         log.info("run %s: %s children handed over unstarted", run_id, len(rest))
                     break
                 child = Redispatch(run_id, int(index), spec, template, group_id, queue)
-                pre = ahead.get(child.index)
                 try:
-                    seconds = run_child(
-                        InBatch(child, pre), run_id, child.index, template, spec, False, pre,
-                        held.writes(child),
-                    )  # fmt: skip
+                    seconds = run_child(InBatch(child, ahead.get(child.index), held))
                 except (Ignore, ChildFailed, Resent):
                     continue
                 if seconds is not None:

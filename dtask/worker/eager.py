@@ -89,20 +89,6 @@ class _Again(Exception):
         self.exc = exc
 
 
-class _Delivery:
-    """The in-process stand-in of a child's message: a retry runs it again at once."""
-
-    def __init__(self) -> None:
-        self.retries = 0
-
-    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
-        self.retries += 1
-        raise _Again(exc)
-
-    def ended(self) -> None:
-        pass
-
-
 def run(run_id: int) -> RunState:
     """Split the run, run each of its children here, finalize it: its final state (or its
     state where it could not start: waiting for upstream runs, or failed at its split)."""
@@ -128,13 +114,25 @@ def run(run_id: int) -> RunState:
 
 
 def _run_child(run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
+    from dtask.worker.delivery import Delivery
     from dtask.worker.lifecycle import run_child
 
-    delivery = _Delivery()
+    class InProcess(Delivery):
+        """The in-process stand-in of a child's message: a retry runs it again at once; the
+        run is finalized once its children have all run."""
+
+        def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+            self.retries += 1
+            raise _Again(exc)
+
+        def finalize(self, store: Any) -> None:
+            pass
+
+    delivery = InProcess(run_id, index, template, spec)
     tries = 2 * registry.get(template).options.max_attempts + 2  # bounds a refusal's loop
     while True:
         try:
-            run_child(delivery, run_id, index, template, spec, finalize=False)
+            run_child(delivery)
             return
         except _Again as again:
             if isinstance(again.exc, DatabaseUnavailable):

@@ -1,5 +1,5 @@
-"""A run's result, from its template's ``reduce``, for whoever finalizes it (the last child,
-the chord callback, the reaper, a revoke)."""
+"""A run's end: its result from its template's ``reduce``, for whoever finalizes it (the last
+child, the chord callback, the reaper, a revoke)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,15 @@ class Finalizes(Protocol):
 class FinalizingStore(Protocol):
     @property
     def runs(self) -> Finalizes: ...
+
+
+class Unfinished(Protocol):
+    def any_unfinished(self, run_id: int) -> bool: ...
+
+
+class LastChildStore(FinalizingStore, Protocol):
+    @property
+    def children(self) -> Unfinished: ...
 
 
 def finalize_run(
@@ -110,3 +119,15 @@ def runs_user_code(template: str) -> bool:
     """Whether finalizing a run of ``template`` would run user code here (its reduce), or
     cannot be done here (the template is unknown to this process)."""
     return template not in registry or registry.get(template).reduce is not None
+
+
+def finalize_if_last(store: LastChildStore, run_id: int) -> None:
+    """The run's last child to finish finalizes it from PostgreSQL's counts, whatever the
+    result backend (a chord callback, where there is one, then finds it done). A failure is
+    left to the chord callback or the reaper."""
+    try:
+        if not store.children.any_unfinished(run_id):
+            state = finalize_run(store, run_id)
+            log.info("run %s finalized by its last child: %s", run_id, state.value)
+    except Exception as exc:  # the child itself succeeded: never fail it for this
+        log.warning("run %s: not finalized by its last child (the reaper will): %s", run_id, exc)

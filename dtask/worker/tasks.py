@@ -33,16 +33,10 @@ from dtask.exceptions import (
 from dtask.settings import Settings
 from dtask.worker import chains, dispatcher, drain, task_table
 from dtask.worker.app import app
+from dtask.worker.child_store import LifecycleStore, hand_over, owner_name
+from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_run, start_released
-from dtask.worker.lifecycle import (
-    Writes,
-    hand_over,
-    note_time,
-    noted,
-    owner_name,
-    run_child,
-    template_backoff,
-)
+from dtask.worker.lifecycle import note_time, noted, run_child, template_backoff
 from dtask.worker.messages import readable, send_chord
 from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, SUBMIT
 from dtask.worker.time_limit import time_limit
@@ -83,7 +77,7 @@ def run_master(
     store: Store,
     run_id: int,
     wait: bool = True,
-    inline: list[InlineChild] | None = None,
+    inline: list[InMaster] | None = None,
     send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None] | None = None,
 ) -> RunState:
     """Split and dispatch ``run_id`` if that has not happened yet (the master task's body).
@@ -114,7 +108,7 @@ def run_master(
         offer = Inline(owner_name(), settings.lease_ttl)
     state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, offer=offer)
     if inline is not None and offer is not None:
-        inline.extend(InlineChild(run_id, i, offer.template, claim) for i, claim in offer.taken)
+        inline.extend(InMaster(run_id, i, offer.template, claim) for i, claim in offer.taken)
     if state is RunState.PENDING:
         starts_in = store.runs.get(run_id).starts_in
         if starts_in > 0:
@@ -129,7 +123,7 @@ def run_master(
 @dtask_task(MASTER)
 def master(self: Task, run_id: int) -> None:
     drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
-    inline: list[InlineChild] = []
+    inline: list[InMaster] = []
     try:
         state = run_master(services.store(), run_id, inline=inline)
     except TemplateElsewhere as exc:
@@ -147,62 +141,62 @@ def master(self: Task, run_id: int) -> None:
         child.run()
 
 
-class InlineChild:
+class InMaster(Delivery):
     """A one-child run's child, taken for its master's task by the split (``run_master``'s
     ``inline``) and run there: no message, no dispatcher pass, no chord count of its own; it
     finishes its run with it (in one transaction where the template has no reduce). Tried
     again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
     master's task for it."""
 
-    retries = 0
-
     def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
-        self.run_id, self.index, self.template, self.claim = run_id, index, template, claim
+        super().__init__(run_id, index, template, claim.spec, claim)
+        self.claim = claim
         self.finished_run = False
 
     def run(self) -> None:
         drain.arm()
-        store = services.store()
-        no_reduce = registry.get(self.template).reduce is None
         try:
             if drain.draining():  # stopping: let another process take it
                 self.retry(0.0)
-            took = run_child(
-                self, self.run_id, self.index, self.template, self.claim.spec, False,
-                taken_ahead=self.claim, writes=Writes(finish=self.finish if no_reduce else None),
-            )  # fmt: skip
+            run_child(self)
         except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
             return
         finally:
             drain.finished()  # a process that got SIGTERM takes no further work
-        if took is not None and not self.finished_run:
-            try:
-                state = finalize_run(store, self.run_id, chord=False)
-                log.info("run %s finalized by its child: %s", self.run_id, state.value)
-            except Exception as exc:  # the child itself succeeded: never fail it for this
-                log.warning(
-                    "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
-                )
 
-    def finish(self, claim: Claim, checkpoint: Any | None, result: str | None) -> None:
+    def finish(
+        self, store: LifecycleStore, claim: Claim, checkpoint: Any | None, result: str | None
+    ) -> None:
+        if registry.get(self.template).reduce is not None:
+            store.children.finish(claim, checkpoint, result)
+            return
         chained: list[int] = []
-        store = services.store()
-        released = store.runs.finish_alone(self.run_id, claim, checkpoint, result, chained)
+        released = services.store().runs.finish_alone(
+            self.run_id, claim, checkpoint, result, chained
+        )
         self.finished_run = released is not None
         if chained:
-            chains.after_finish(store, self.run_id)
+            chains.after_finish(services.store(), self.run_id)
         if released:
             start_released(self.run_id, released)
+
+    def finalize(self, store: LifecycleStore) -> None:
+        if self.finished_run:
+            return
+        try:
+            state = finalize_run(store, self.run_id, chord=False)
+            log.info("run %s finalized by its child: %s", self.run_id, state.value)
+        except Exception as exc:  # the child itself succeeded: never fail it for this
+            log.warning(
+                "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
+            )
 
     def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
         store = services.store()
         with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
             store.children.unclaim(self.claim)
-        hand_over(store, self.run_id, self.template, [(self.index, self.claim.spec)], countdown)
+        hand_over(store, self.run_id, self.template, [(self.index, self.spec)], countdown)
         raise Ignore()
-
-    def ended(self) -> None:
-        pass
 
 
 @dtask_task(SUBMIT)
@@ -240,14 +234,18 @@ def continue_chains(run_id: int) -> None:
         log.info("run %s: its chains were sent", run_id)
 
 
-class Single:
-    """A ``dtask.child`` message: one child."""
+class OwnMessage(Delivery):
+    """A ``dtask.child`` message: one child, tried again as Celery retries its task."""
 
-    def __init__(self, task: Task, reprs: dict[str, str]) -> None:
-        self.task, self.reprs = task, reprs
+    def __init__(
+        self, task: Task, run_id: int, index: int, template: str, spec: dict[str, Any]
+    ) -> None:
+        super().__init__(run_id, index, template, spec)
+        self.task = task
+        self.reprs = readable(template, run_id, index, spec)
 
     @property
-    def retries(self) -> int:
+    def retries(self) -> int:  # type: ignore[override]
         return int(self.task.request.retries or 0)
 
     def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
@@ -264,8 +262,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     drain.arm()
     try:
-        delivery = Single(self, readable(template, run_id, index, spec))
-        took = run_child(delivery, run_id, index, template, spec)
+        took = run_child(OwnMessage(self, run_id, index, template, spec))
         if took is not None and noted(index):
             note_time(run_id, took)
     finally:

@@ -20,8 +20,8 @@ from dtask.domain.runs import ClaimRefusal, NewRun, RunState
 from dtask.domain.templates import Template, registry
 from dtask.worker import configure
 from dtask.worker.app import app
-from dtask.worker.lifecycle import _run_claimed
-from dtask.worker.tasks import child
+from dtask.worker.attempt import Attempt
+from dtask.worker.tasks import OwnMessage, child
 from tests.support.db import child_row, wait_for
 
 TEMPLATE = "cancelled_then_rerun_while_running"
@@ -82,17 +82,8 @@ def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) ->
 
     with pytest.raises(Ignore):
         spec = {"a": 1, "b": 2}
-        _run_claimed(
-            child,
-            store,
-            claim,
-            run_id,
-            0,
-            TEMPLATE,
-            spec,
-            services.current().settings,
-            time.monotonic(),
-        )
+        delivery = OwnMessage(child, run_id, 0, TEMPLATE, spec)
+        Attempt(delivery, store, claim, services.current().settings, time.monotonic()).run()
 
     run = store.runs.get(run_id)
     assert run.state is RunState.RUNNING and run.group_id == f"dtask-{run_id}-2"

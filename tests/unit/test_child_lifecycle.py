@@ -1,4 +1,4 @@
-"""Every branch of a claimed child's lifecycle (dtask/worker/lifecycle.py ``_run_claimed``) against
+"""Every branch of a claimed child's lifecycle (dtask/worker/attempt.py ``Attempt``) against
 a fake store with the real store's fence rules: no PostgreSQL, no broker, milliseconds.
 
 The real-process versions of these paths are in tests/acceptance (faults, drain, cap)."""
@@ -19,8 +19,8 @@ from dtask.domain.runs import ChildState, RunState
 from dtask.domain.templates import Template, TemplateOptions, registry
 from dtask.exceptions import ChildFailed, LeaseLost
 from dtask.settings import Settings
-from dtask.worker.lifecycle import _run_claimed, finalize_if_last
-from dtask.worker.tasks import Single
+from dtask.worker.attempt import Attempt
+from dtask.worker.tasks import OwnMessage
 
 CONFIG = Settings(lease_ttl=1.0, heartbeat_interval=0.1, retry_delay=0.0, execution_cap_grace=60)
 
@@ -169,9 +169,9 @@ def store() -> Iterator[FakeStore]:
 def run(store: FakeStore, name: str, task: FakeTask | None = None) -> None:
     """What ``run_child`` does with a claimed child: run it, then finalize if it was last."""
     claim = store.children.claim()
-    delivery = Single(task or FakeTask(), {})  # type: ignore[arg-type]
-    _run_claimed(delivery, store, claim, 1, 0, name, {"n": 10}, CONFIG, time.monotonic())  # type: ignore[arg-type]
-    finalize_if_last(store, 1)  # type: ignore[arg-type]
+    delivery = OwnMessage(task or FakeTask(), 1, 0, name, {"n": 10})  # type: ignore[arg-type]
+    Attempt(delivery, store, claim, CONFIG, time.monotonic()).run()  # type: ignore[arg-type]
+    delivery.finalize(store)  # type: ignore[arg-type]
 
 
 def until(check: Callable[[], bool]) -> None:

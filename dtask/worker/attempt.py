@@ -1,0 +1,221 @@
+"""A claimed child's attempt in this process: its lease kept by a heartbeat, its execution
+cap, its fenced writes (checkpoints, its success), and how it ends: finished, stopped at its
+checkpoint and handed back, failed (tried again from its checkpoint, or for good), or lost to
+another worker."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from dtask.db import Claim
+from dtask.domain.context import ChildContext
+from dtask.domain.results import encode_result
+from dtask.domain.runs import ChildState
+from dtask.domain.templates import registry
+from dtask.exceptions import (
+    ChildFailed,
+    ChildStopped,
+    DatabaseUnavailable,
+    DtaskError,
+    ExecutionCapExceeded,
+    LeaseLost,
+)
+from dtask.settings import Settings
+from dtask.worker import drain, links, runaway
+from dtask.worker.child_store import LifecycleStore, hand_over, patiently
+from dtask.worker.delivery import Delivery
+from dtask.worker.finalize import finalize_if_last
+from dtask.worker.heartbeat import Heartbeat
+from dtask.worker.output import Tail
+
+log = logging.getLogger("dtask.worker")
+TRACEBACK_KEPT = 16_000  # characters of a failed attempt's traceback kept (its end)
+
+
+class Attempt:
+    def __init__(
+        self,
+        delivery: Delivery,
+        store: LifecycleStore,
+        claim: Claim,
+        config: Settings,
+        claimed_at: float,
+    ) -> None:
+        self.delivery, self.store, self.claim, self.config = delivery, store, claim, config
+        self.template = registry.get(delivery.template)
+        cap = claim.execution_cap or self.template.options.execution_cap
+        self.cap = Cap(cap, f"{delivery} attempt {claim.attempt}")
+        grace = config.execution_cap_grace
+        self.beat = Heartbeat(
+            lambda: delivery.renew(store, claim, config.lease_ttl),
+            config.heartbeat_interval,
+            name=f"{delivery.run_id}.{delivery.index}",
+            give_up_at=self.cap.deadline + grace,
+            give_up=lambda: runaway.kill_this_pool_process(
+                self.cap.killed(grace),
+                lambda: store.children.fail_attempt(claim, self.cap.killed(grace)),
+            ),
+            lease=config.lease_ttl,
+            since=claimed_at,
+        )
+        # sys.stdout is the process's: only a prefork pool process runs one child at a time
+        self.printed = Tail(sys.stdout) if runaway.in_pool_process() else None
+
+    def run(self) -> None:
+        """Run the child to its end here; raises what its delivery's retry raises, Ignore
+        where it stopped or was lost, ChildFailed where it failed for good."""
+        claim, config, delivery = self.claim, self.config, self.delivery
+        drain.running(self._hand_back)
+        try:
+            with self.beat:
+                value = self._call()
+                if self.beat.lost.is_set():
+                    raise LeaseLost(f"{delivery} was taken over elsewhere")
+                what = str(delivery)
+                limit = config.max_child_result
+                result = encode_result(value, limit, what, "DTASK_MAX_CHILD_RESULT")
+                final = self.context.unsaved_checkpoint  # with ctx.state: checked as any
+                self._write(lambda: delivery.finish(self.store, claim, final, result))
+        except (LeaseLost, DatabaseUnavailable) as exc:
+            self._lost(exc)
+            raise
+        except ChildStopped:
+            self._stopped()
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            drain.running(None)
+
+    def _call(self) -> Any:
+        claim, config, options = self.claim, self.config, self.template.options
+        self.context = ChildContext(
+            run_id=self.delivery.run_id,
+            index=self.delivery.index,
+            template=self.delivery.template,
+            attempt=claim.attempt,
+            checkpoint_state=claim.checkpoint,
+            writer=lambda state: self._write(
+                lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
+            ),
+            checkpoint_interval=options.checkpoint_interval or config.checkpoint_interval,
+            checkpoint_every=options.checkpoint_every or config.checkpoint_every,
+            max_checkpoint=config.max_checkpoint,
+            lease_lost=self.beat.lease_lost,
+            stop_requested=lambda: (
+                self.beat.stop_requested.is_set() or drain.draining() or self.cap.exceeded()
+            ),
+        )
+        printed = self.printed
+        with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
+            return self.template.function(self.context, **claim.spec)
+
+    def _write(self, write: Callable[[], None]) -> None:
+        """A write under our fence; it renews the lease when it succeeds. Given up on once
+        the lease has run out: another worker may be running the child by then."""
+        sent_at = time.monotonic()
+        try:
+            patiently(write, self.config.lease_ttl, give_up=self.beat.expired)
+        except LeaseLost:
+            self.beat.lost.set()
+            raise
+        self.beat.renewed(sent_at)
+
+    def _hand_back(self) -> None:
+        """A drain's hand-over of the running child (from the signal handler)."""
+        with contextlib.suppress(LeaseLost):
+            self.store.children.release(self.claim, None)  # keeps the last checkpoint
+        self._resend()
+
+    def _resend(self) -> bool:
+        d = self.delivery
+        return hand_over(self.store, d.run_id, d.template, [(d.index, d.spec)])
+
+    def _lost(self, exc: Exception) -> None:
+        """Lease lost or PostgreSQL gone: a lease that expired unrenewed says which."""
+        beat = self.beat
+        if beat.expired() and not beat.lost.is_set():
+            moved = fence_moved(self.store, self.claim)
+            if moved is None:
+                links.cut_off()
+            if not moved:
+                why = expired(beat, self.delivery.index, exc, cut_off=moved is None)
+                raise LeaseLost(why) from None
+
+    def _stopped(self) -> None:
+        if self.cap.exceeded():  # a failed attempt, retried from the checkpoint it committed
+            self._failed(ExecutionCapExceeded(self.cap.message()))
+        patiently(lambda: self.store.children.release(self.claim, None), self.config.lease_ttl)
+        # Always, also after a cancel: a rerun may have made the run active again meanwhile,
+        # and its message for this child was dropped as a duplicate while we held the lease.
+        # hand_over re-sends only while the run is active.
+        if not self._resend():
+            self.delivery.ended()
+        log.info("%s stopped at its checkpoint and was released", self.delivery)
+        raise Ignore() from None
+
+    def _failed(self, exc: Exception) -> None:
+        d, claim = self.delivery, self.claim
+        error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
+        output = self.printed.text() if self.printed else None
+        state = self.store.children.fail_attempt(claim, error, _traceback(exc), output)
+        if state is ChildState.FAILED:
+            log.error("%s failed for good: %s", d, error)
+            finalize_if_last(self.store, d.run_id)
+            raise ChildFailed(self.store.children.error(d.run_id, d.index) or error) from exc
+        log.warning(
+            "%s attempt %s/%s failed, retrying from its checkpoint: %s",
+            d, claim.attempt, claim.max_attempts, error,
+        )  # fmt: skip
+        d.retry(self.config.retry_delay, exc)
+
+
+class Cap:
+    """An attempt's execution cap, counted from when this worker started the attempt."""
+
+    def __init__(self, seconds: float | None, what: str) -> None:
+        self.seconds = seconds
+        self.deadline = math.inf if seconds is None else time.monotonic() + seconds
+        self._what = what
+
+    def exceeded(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def message(self) -> str:
+        return f"{self._what} exceeded its execution cap of {self.seconds:g} s"
+
+    def killed(self, grace: float) -> str:
+        return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"
+
+
+def fence_moved(store: LifecycleStore, claim: Claim) -> bool | None:
+    """For a lease that expired unrenewed: True if another worker took the child, False if it
+    is still ours (this process was paused; the lease is now set to end at once, so the reaper
+    re-sends the child without waiting), None if PostgreSQL does not answer (cut off)."""
+    try:
+        return store.children.renew_lease(claim, 0) is None
+    except DtaskError:
+        return None
+
+
+def expired(beat: Heartbeat, index: int, exc: Exception, cut_off: bool) -> str:
+    unrenewed = f"no renewal for {beat.unrenewed_for():.1f} s (lease {beat.lease:g} s)"
+    if cut_off:
+        cause = beat.last_error or (str(exc) if isinstance(exc, DatabaseUnavailable) else None)
+        why = f"cut off from PostgreSQL ({cause or 'no answer'}): lease expired, {unrenewed}"
+    else:
+        why = f"lease expired while this process could not renew it (paused?), {unrenewed}"
+    return f"{why}, stopping child {index}; another worker resumes it from its last checkpoint"
+
+
+def _traceback(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= TRACEBACK_KEPT else "...\n" + text[-TRACEBACK_KEPT:]
