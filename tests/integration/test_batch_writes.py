@@ -1,11 +1,11 @@
 """A message of short children (``dtask.children``) taken for the first time writes their
 successes together: four statements for the message, not two per child. Each child is still
-fenced on its own and counts its attempt once. Run in this process, on the real PostgreSQL."""
+fenced on its own and counts its attempt once. Run in this process, on the real PostgreSQL,
+which these count the statements of; the held successes' logic (a takeover while one waits, a
+long child's heartbeat) is tested on the in-memory store, tests/unit/test_batch_held.py."""
 
 from __future__ import annotations
 
-import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-import dtask
 from dtask import services
 from dtask.db import Store
 from dtask.domain.runs import ChildState, NewRun, RunState
@@ -72,45 +71,6 @@ def test_each_child_of_a_message_is_written_once(
     assert len(writes) <= 4 + n // 4, Counter(s.split(" SET")[0][:60] for s in writes)
 
 
-@dtask.template(
-    "taken_over_in_batch",
-    params={"n": int},
-    skeleton={"n": "${n}"},
-    split=lambda r: [{"i": i} for i in range(r["n"])],
-)
-def taken_over_in_batch(ctx: dtask.ChildContext, i: int) -> int:
-    """Child 2 is taken over by another worker (its fence moves) while it runs."""
-    if i == 2:
-        with services.store().engine.begin() as conn:
-            conn.execute(
-                text("UPDATE dtask_children SET fence = fence + 1 WHERE run_id = :r AND index = 2"),
-                {"r": ctx.run_id},
-            )
-    return i
-
-
-def test_a_child_taken_over_while_its_success_waits_is_not_written_and_the_next_runs(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
-    run_id, _ = store.runs.create(
-        NewRun("taken_over_in_batch", f"test:{uuid.uuid4()}", {"n": 5}, 1, None)
-    )
-    plan = [{"i": i} for i in range(5)]
-    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
-    items = [[i, spec] for i, spec in enumerate(plan)]
-    with caplog.at_level(logging.WARNING, logger="dtask.worker"):
-        children_message.apply(
-            args=(run_id, "taken_over_in_batch", f"group-{uuid.uuid4()}", None, items)
-        )
-    # child 2's attempt was to be counted with its success: the worker that took it over
-    # counts its own as it starts
-    assert children(run_id) == [
-        (0, "succeeded", 1), (1, "succeeded", 1), (2, "running", 0),
-        (3, "succeeded", 1), (4, "succeeded", 1),
-    ]  # fmt: skip
-    assert "was taken over by another worker" in caplog.text
-
-
 def test_children_taken_before_count_their_attempts_as_they_start(
     store: Store, statements: list[str]
 ) -> None:
@@ -135,43 +95,3 @@ def test_children_taken_before_count_their_attempts_as_they_start(
     writes = [s for s in statements if "attempt = attempt + 1" in s and "dtask_children" in s]
     assert len(writes) == n + 1
     assert children(run_id) == [(i, "succeeded", 1) for i in range(n)]
-
-
-@dtask.template(
-    "long_after_short",
-    params={"n": int},
-    skeleton={"n": "${n}"},
-    split=lambda r: [{"i": i} for i in range(r["n"])],
-)
-def long_after_short(ctx: dtask.ChildContext, i: int) -> bool:
-    """The last child outlasts a heartbeat: whether it saw the others' successes written
-    while it ran."""
-    if i < 3:
-        return True
-    deadline = time.monotonic() + 4 * services.current().settings.heartbeat_interval
-    while time.monotonic() < deadline:
-        if [s for _, s, _ in children(ctx.run_id)[:3]] == ["succeeded"] * 3:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def test_a_long_child_writes_the_successes_held_before_it_with_its_heartbeat(
-    store: Store,
-) -> None:
-    """Held successes' leases run from the message's claim: a child that runs longer than
-    they last must not leave them unwritten (they would be taken and run again elsewhere)."""
-    run_id, _ = store.runs.create(
-        NewRun("long_after_short", f"test:{uuid.uuid4()}", {"n": 4}, 1, None)
-    )
-    plan = [{"i": i} for i in range(4)]
-    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
-    items = [[i, spec] for i, spec in enumerate(plan)]
-    children_message.apply(args=(run_id, "long_after_short", f"group-{uuid.uuid4()}", None, items))
-    assert children(run_id) == [(i, "succeeded", 1) for i in range(4)]
-    with store.db.tx() as conn:
-        saw = conn.execute(
-            text("SELECT result FROM dtask_children WHERE run_id = :r AND index = 3"),
-            {"r": run_id},
-        ).scalar_one()
-    assert saw is True

@@ -1,0 +1,415 @@
+"""An in-memory store behind the interfaces the child lifecycle and the batch path use
+(dtask/worker/child_store.py ``LifecycleStore``, dtask/worker/batch.py): ``children`` as
+``dtask.db.children.ChildStore`` (claims with fences, attempts, leases, checkpoints, finish,
+failure, hand-back, a message's claims), ``runs`` as much of ``dtask.db.runs.RunStore`` as they
+reach (get, dispatch, cancel, finalize). tests/contract runs one suite against this and
+PostgreSQL, so it keeps the real store's semantics; what it leaves out (dependents, chains,
+the dispatcher's counters) no caller of it reaches.
+
+Each method is one atomic step under ``Tables.lock``, as each of the real store's is one
+statement or transaction. Lease times are ``Tables.clock`` seconds (monotonic)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+
+from dtask import services
+from dtask.db import ChildView, Claim, Finished, Refusal, RunRecord
+from dtask.db.children import _exhausted, lease_lost
+from dtask.db.runs import Chained, Reducer
+from dtask.domain.runs import (
+    ChildCounts,
+    ChildState,
+    ClaimRefusal,
+    RunState,
+    outcome,
+    refuse_claim,
+    sources,
+)
+from dtask.exceptions import DtaskError, LeaseLost, RunNotFound, UnknownTemplate
+from dtask.settings import Settings
+from tests.support.memory_rows import ChildRow, RunRow, Tables, jsonb, loads
+
+Send = Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None]
+
+
+class MemoryChildren:
+    """``ChildStore``'s lifecycle writes. ``written`` lists the fenced writes that went
+    through, (method, child id), in order; ``before[method]`` is called with the claim before
+    that write (a test's way to move the fence at a chosen moment)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.t = tables
+        self.written: list[tuple[str, int]] = []
+        self.before: dict[str, Callable[[Claim], None]] = {}
+
+    def _claim(self, row: ChildRow, attempt: int | None = None, counted: bool = True) -> Claim:
+        cap = self.t.runs[row.run_id].execution_cap
+        return Claim(
+            row.id, row.fence, row.attempt if attempt is None else attempt, row.max_attempts,
+            jsonb(row.spec), jsonb(row.checkpoint), cap, counted,
+        )  # fmt: skip
+
+    def _take(self, row: ChildRow, owner: str, lease_ttl: float) -> None:
+        now = self.t.clock()
+        row.state, row.fence, row.owner = ChildState.RUNNING, row.fence + 1, owner
+        row.lease_expires_at = now + lease_ttl
+        row.started_at = row.started_at if row.started_at is not None else now
+
+    @staticmethod
+    def _holds(row: ChildRow, claim: Claim) -> bool:
+        """The fenced writes' WHERE: ``fence = :mine AND state = 'running'``."""
+        return row.fence == claim.fence and row.state is ChildState.RUNNING
+
+    def _owned(self, claim: Claim, what: str) -> ChildRow:
+        """The child while ``claim`` holds it; else LeaseLost."""
+        row = self.t.children.get(claim.child_id)
+        if row is None or not self._holds(row, claim):
+            raise LeaseLost(lease_lost(claim))
+        self.written.append((what, row.id))
+        return row
+
+    def _hook(self, what: str, claim: Claim) -> None:
+        hook = self.before.get(what)
+        if hook is not None:
+            hook(claim)
+
+    def claim(self, run_id: int, index: int, owner: str, lease_ttl: float) -> Claim | Refusal:
+        with self.t.lock:
+            row = self.t.child(run_id, index)
+            if row is None:
+                return Refusal(ClaimRefusal.GONE)
+            if self.t.takeable(row):
+                row.attempt = row.counted(1)
+                self._take(row, owner, lease_ttl)
+                return self._claim(row)
+            active = self.t.active(run_id)
+            reason = refuse_claim(
+                row.state, row.attempt, row.max_attempts, self.t.leased(row), active
+            )
+            if reason is not ClaimRefusal.EXHAUSTED:
+                return Refusal(reason, row.error)
+            error = _exhausted(row.attempt, row.error)
+            if self.t.free(row):
+                self._fail(row, error)
+                return Refusal(ClaimRefusal.FAILED, error)
+            return Refusal(ClaimRefusal.BUSY)
+
+    def _fail(self, row: ChildRow, error: str) -> None:
+        row.state, row.error, row.owner = ChildState.FAILED, error, None
+        row.lease_expires_at, row.finished_at = None, self.t.clock()
+
+    def claim_many(
+        self, run_id: int, indexes: list[int], owner: str, lease_ttl: float
+    ) -> dict[int, Claim]:
+        taken: dict[int, Claim] = {}
+        with self.t.lock:
+            for index in sorted(set(indexes)):
+                row = self.t.child(run_id, index)
+                if row is None or not self.t.takeable(row):
+                    continue
+                self._take(row, owner, lease_ttl)
+                first = row.fence == 1
+                taken[index] = (
+                    self._claim(row, row.attempt + 1, counted=False) if first else self._claim(row)
+                )
+        return taken
+
+    def _start(self, claim: Claim, lease_ttl: float) -> Claim | None:
+        row = self.t.children.get(claim.child_id)
+        if row is None or not self._holds(row, claim) or row.attempt >= row.max_attempts:
+            return None
+        row.attempt = row.counted(1)
+        now = self.t.clock()
+        row.lease_expires_at = now + lease_ttl
+        row.started_at = row.started_at if row.started_at is not None else now
+        self.written.append(("start", row.id))
+        return replace(claim, attempt=row.attempt, counted=True)
+
+    def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
+        self._hook("start", claim)
+        with self.t.lock:
+            return self._start(claim, lease_ttl)
+
+    def _succeed(
+        self, row: ChildRow, checkpoint: Any | None, result: str | None, counts: int
+    ) -> None:
+        row.attempt = row.counted(counts)
+        now = self.t.clock()
+        row.state, row.finished_at, row.owner, row.lease_expires_at = (
+            ChildState.SUCCEEDED, now, None, None,
+        )  # fmt: skip
+        if checkpoint is not None:
+            row.checkpoint = jsonb(checkpoint)
+        row.error = row.traceback = row.output = None
+        row.result = loads(result)
+        row.started_at = row.started_at if row.started_at is not None else now
+
+    def write_batch(
+        self, done: list[Finished], claim: Claim | None, lease_ttl: float
+    ) -> tuple[set[int], Claim | None]:
+        for d in done:
+            self._hook("finish", d.claim)
+        with self.t.lock:
+            rows = [(self.t.children.get(d.claim.child_id), d) for d in done]
+            ours = [(r, d) for r, d in rows if r is not None and self._holds(r, d.claim)]
+            for row, d in ours:  # one statement: a CHECK broken by any one refuses them all
+                row.counted(d.claim.uncounted)
+            for row, d in ours:
+                self._succeed(row, d.checkpoint, d.result, d.claim.uncounted)
+                self.written.append(("finish", row.id))
+            written = {row.id for row, _ in ours}
+            started = None if claim is None else self._start(claim, lease_ttl)
+        return written, started
+
+    def unclaim(self, claim: Claim) -> None:
+        with self.t.lock:
+            row = self._owned(claim, "unclaim")
+            row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
+            row.sent_at = self.t.clock()
+
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
+        self._hook("checkpoint", claim)
+        with self.t.lock:
+            row = self._owned(claim, "checkpoint")
+            row.checkpoint = jsonb(state)
+            row.lease_expires_at = self.t.clock() + lease_ttl
+
+    def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
+        self._hook("finish", claim)
+        with self.t.lock:
+            row = self._owned(claim, "finish")
+            self._succeed(row, final_checkpoint, result, claim.uncounted)
+
+    def note_time(self, run_id: int, seconds: float) -> None:
+        with self.t.lock:
+            run = self.t.runs.get(run_id)
+            if run is not None:
+                before = run.child_seconds
+                run.child_seconds = seconds if before is None else 0.7 * before + 0.3 * seconds
+
+    def any_unfinished(self, run_id: int) -> bool:
+        with self.t.lock:
+            return any(not c.state.finished for c in self.t.of_run(run_id))
+
+    def fail_attempt(
+        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
+    ) -> ChildState:
+        self._hook("fail_attempt", claim)
+        with self.t.lock:
+            row = self._owned(claim, "fail_attempt")
+            row.attempt = row.counted(claim.uncounted)
+            now = self.t.clock()
+            if row.attempt >= row.max_attempts:
+                self._fail(row, f"gave up after {row.attempt} attempt(s): {error}")
+            else:
+                row.state, row.error, row.finished_at = ChildState.PENDING, error, None
+            row.started_at = row.started_at if row.started_at is not None else now
+            row.traceback, row.output = traceback, output
+            row.owner, row.lease_expires_at, row.sent_at = None, None, now
+            return row.state
+
+    def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
+        with self.t.lock:
+            row = self.t.children.get(claim.child_id)
+            if row is None or not self._holds(row, claim):
+                return None
+            row.lease_expires_at = self.t.clock() + lease_ttl
+            return self.t.runs[row.run_id].state
+
+    def release(self, claim: Claim, checkpoint: Any | None) -> None:
+        self._hook("release", claim)
+        with self.t.lock:
+            row = self._owned(claim, "release")
+            row.attempt = row.counted(-int(claim.counted))
+            row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
+            if checkpoint is not None:
+                row.checkpoint = jsonb(checkpoint)
+            row.sent_at = self.t.clock()
+
+    def revoke(self, run_id: int, index: int, error: str) -> bool:
+        with self.t.lock:
+            row = self.t.child(run_id, index)
+            if row is None or row.state.finished:
+                return False
+            self._fail(row, error)
+            return True
+
+    def error(self, run_id: int, index: int) -> str | None:
+        with self.t.lock:
+            row = self.t.child(run_id, index)
+            return None if row is None else row.error
+
+    def view(self, run_id: int, index: int) -> ChildView | None:
+        with self.t.lock:
+            row = self.t.child(run_id, index)
+            return None if row is None else row.view()
+
+
+class MemoryRuns:
+    """``RunStore``'s moves the lifecycle reaches, and ``add`` (a created and split run, as
+    ``create`` + ``split`` leave one). ``finalized`` lists the runs asked to finalize."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.t = tables
+        self.finalized: list[int] = []
+        self._ids = itertools.count(1)
+        self._child_ids = itertools.count(1)
+
+    def add(
+        self,
+        template: str,
+        specs: Sequence[Mapping[str, Any]],
+        max_attempts: int,
+        execution_cap: float | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> int:
+        with self.t.lock:
+            run_id = next(self._ids)
+            self.t.runs[run_id] = RunRow(
+                run_id, template, f"memory:{run_id}", variables or {}, max_attempts,
+                execution_cap, group_id=f"dtask-{run_id}-1", dispatches=1,
+                child_total=len(specs), chord_size=len(specs),
+            )  # fmt: skip
+            for index, spec in enumerate(specs):
+                child_id = next(self._child_ids)
+                self.t.children[child_id] = ChildRow(
+                    child_id, run_id, index, dict(spec), max_attempts, sent_at=self.t.clock()
+                )
+            return run_id
+
+    def _run(self, run_id: int) -> RunRow:
+        run = self.t.runs.get(run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id}")
+        return run
+
+    def get(self, run_id: int) -> RunRecord:
+        with self.t.lock:
+            return self._run(run_id).record()
+
+    def dispatch(
+        self, run_id: int, send: Send, wait: bool = True, deferred: bool = False
+    ) -> RunState:
+        with self.t.lock:
+            run = self._run(run_id)
+            if run.state is not RunState.SPLITTING:
+                return run.state
+            unfinished = [(c.index, c.spec) for c in self.t.of_run(run_id) if not c.state.finished]
+            send(self.get(run_id), [] if deferred else unfinished)
+            run.state = RunState.RUNNING
+            return RunState.RUNNING
+
+    def take_chains(self, run_id: int, send: Callable[[Chained], None]) -> bool:
+        """No run here keeps Celery chains (``add_chain`` is not reached): nothing to send."""
+        return False
+
+    def cancel(self, run_id: int) -> RunState:
+        with self.t.lock:
+            run = self._run(run_id)
+            if not run.state.finished:
+                self._settle(run, RunState.CANCELLED, error="cancelled")
+            return run.state
+
+    def _settle(
+        self, run: RunRow, state: RunState, error: str | None = None, result: Any = None
+    ) -> bool:
+        if run.state.value not in sources(state):
+            return False
+        run.state, run.error, run.result = state, error, result
+        return True
+
+    def finalize(
+        self,
+        run_id: int,
+        wait: bool = True,
+        reduce: Reducer | None = None,
+        released: list[int] | None = None,
+        ended: list[str] | None = None,
+        reduces: Callable[[str], bool] = lambda template: True,
+    ) -> RunState:
+        self.finalized.append(run_id)
+        with self.t.lock:
+            run = self._run(run_id)
+            if run.state.finished:
+                return run.state
+            states = [c.state.value for c in self.t.of_run(run_id)]
+            final = outcome(ChildCounts.from_states({s: states.count(s) for s in set(states)}))
+            if final is None:
+                return run.state
+            record, dispatches = self.get(run_id), run.dispatches
+            results = [c.result for c in self.t.of_run(run_id)]
+        error, result = None, None
+        if final is RunState.SUCCEEDED and reduce is not None and reduces(run.template):
+            try:  # outside the lock, as the real store runs the reduce outside its transaction
+                result = loads(reduce(record, lambda: results))
+            except UnknownTemplate:
+                return record.state
+            except DtaskError as exc:
+                final, error = RunState.FAILED, str(exc)
+        with self.t.lock:
+            if run.dispatches != dispatches:
+                return run.state
+            if final is RunState.FAILED and error is None:
+                error = self.t.failure_summary(run_id)
+            if not self._settle(run, final, error, result):
+                return run.state
+            if ended is not None and run.group_id is not None:
+                ended.append(run.group_id)
+            return final
+
+
+class MemoryStore:
+    """``store.children`` and ``store.runs`` over one set of tables (a ``LifecycleStore``)."""
+
+    def __init__(self, tables: Tables | None = None) -> None:
+        self.tables = tables or Tables()
+        self.children = MemoryChildren(self.tables)
+        self.runs = MemoryRuns(self.tables)
+
+    def row(self, run_id: int, index: int) -> ChildRow:
+        """A child's row as it is (a test reads it, or sets it up)."""
+        row = self.tables.child(run_id, index)
+        assert row is not None, f"no child {index} in run {run_id}"
+        return row
+
+    def take_over(self, run_id: int, index: int, owner: str = "another worker") -> Claim:
+        """Another worker takes the child, as it would once its lease looked expired: the
+        fence moves (and the attempt is counted)."""
+        with self.tables.lock:
+            self.row(run_id, index).lease_expires_at = self.tables.clock() - 1
+            taken = self.children.claim(run_id, index, owner, 30)
+        assert isinstance(taken, Claim), taken
+        return taken
+
+
+@dataclass
+class Sent:
+    """What went to the broker instead: hand-overs and resends (``publish``), chords forgotten."""
+
+    published: list[tuple[int, int]]
+    forgotten: list[str]
+
+
+def install(monkeypatch: pytest.MonkeyPatch, store: MemoryStore, settings: Settings) -> Sent:
+    """This process's services are ``store`` and ``settings`` (nothing is started), and what
+    would go to the broker or the result backend is recorded in the ``Sent`` returned."""
+    from dtask.worker import batch, child_store, finalize
+
+    resolved = services.Services(settings, "memory://", "memory://", "memory://")
+    sent = Sent([], [])
+
+    def publish(children: list[Any], countdown: float | None = None) -> None:
+        sent.published.extend((c.run_id, c.index) for c in children)
+
+    monkeypatch.setattr(services, "current", lambda: resolved)
+    monkeypatch.setattr(services, "store", lambda: store)
+    monkeypatch.setattr(child_store, "publish", publish)
+    monkeypatch.setattr(batch, "publish", publish)
+    monkeypatch.setattr(finalize, "forget_chord", sent.forgotten.append)
+    return sent
