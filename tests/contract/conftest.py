@@ -8,6 +8,7 @@ import pytest
 
 from dtask import services
 from tests.contract import worlds
+from tests.contract.dispatching import Dispatching
 
 
 @pytest.fixture(params=["memory", "postgresql"])
@@ -16,3 +17,8 @@ def world(request: pytest.FixtureRequest) -> worlds.World:
         return worlds.memory()
     request.getfixturevalue("dtask_env")
     return worlds.postgresql(services.store())
+
+
+@pytest.fixture
+def dispatching(world: worlds.World) -> Dispatching:
+    return Dispatching(world)

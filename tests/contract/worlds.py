@@ -1,21 +1,33 @@
 """A world for the contract suite: a store (the in-memory one, or the real one on the test
-session's PostgreSQL) and what a test needs around it: a run split into children, and time
-passing for one child's lease."""
+session's PostgreSQL) and what a test needs around it: a run split into children (sent with
+its chord, or left to the dispatcher), clients, time passing for one child's lease, and a
+run's state moved by hand (as a worker of an older dtask would leave it).
+
+On PostgreSQL every test shares the session's database: a test names its own clients and
+queues (``World.client``, ``World.queue``) and reads only its own runs."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import text
 
 from dtask.db import ChildView, Claim, Finished, Refusal, RunRecord, Store
+from dtask.db.dispatch import Out
+from dtask.db.inline import Inline
+from dtask.db.recovery import Redispatch
+from dtask.db.run_reads import Graph
 from dtask.db.runs import Chained, Reducer
-from dtask.domain.runs import ChildState, NewRun, RunState
+from dtask.domain.clients import Client
+from dtask.domain.dispatch import Demand, Share
+from dtask.domain.runs import ChildState, NewRun, RunState, RunStatus
 from dtask.worker.child_store import ChildWrites
-from tests.support.memory import MemoryStore, Send
+from tests.support.memory import MemoryStore
+from tests.support.memory_runs import Send
 
 
 class Children(ChildWrites, Protocol):
@@ -35,6 +47,28 @@ class Children(ChildWrites, Protocol):
 
 
 class Runs(Protocol):
+    def create(self, run: NewRun) -> tuple[int, bool]: ...
+    def split(
+        self,
+        run_id: int,
+        plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
+        wait: bool = True,
+        deferred: bool = False,
+        offer: Inline | None = None,
+    ) -> RunState: ...
+    def rerun(self, run_id: int) -> RunState: ...
+    def status(self, run_id: int) -> RunStatus: ...
+    def ids_by_key(self, keys: Sequence[str], client: str = ...) -> dict[str, int]: ...
+    def forget_unsent(self, run_id: int) -> bool: ...
+    def graph(self, run_id: int) -> Graph: ...
+    def finish_alone(
+        self,
+        run_id: int,
+        claim: Claim,
+        checkpoint: Any | None,
+        result: str | None,
+        chained: list[int] | None = None,
+    ) -> list[int] | None: ...
     def get(self, run_id: int) -> RunRecord: ...
     def dispatch(
         self, run_id: int, send: Send, wait: bool = True, deferred: bool = False
@@ -52,6 +86,31 @@ class Runs(Protocol):
     ) -> RunState: ...
 
 
+class Pass(Protocol):
+    """A dispatcher's turn (``dtask.db.dispatch.DispatchPass``)."""
+
+    def demands(self, per_client: int | None = None) -> dict[str | None, list[Demand]]: ...
+    def out(
+        self, runnable: Callable[[str | None, str], bool] = ...
+    ) -> tuple[dict[str | None, Out], dict[str, int]]: ...
+    def shares(self, names: set[str], out: dict[str, int]) -> dict[str, Share]: ...
+    def take(self, run_id: int, count: int) -> list[Redispatch]: ...
+
+
+class Dispatch(Protocol):
+    def turn(
+        self, hold_for: float = ..., wait: float = ...
+    ) -> AbstractContextManager[Pass | None]: ...
+
+
+class Clients(Protocol):
+    def save(self, client: Client) -> None: ...
+
+
+class Recovery(Protocol):
+    def settle_waiting(self, limit: int = ...) -> list[int]: ...
+
+
 # (children, max_attempts, execution cap) -> a run created and split, not dispatched
 MakeRun = Callable[[int, int, float | None], int]
 
@@ -63,6 +122,53 @@ class World:
     runs: Runs
     make: MakeRun
     expire: Callable[[int, int], None]  # the child's lease has run out (time passed)
+    dispatch: Dispatch
+    clients: Clients
+    recovery: Recovery
+    force: Callable[[int, RunState], None]  # the run's state set, nothing settled
+
+    def client(self, **limits: Any) -> str:
+        """A new client of this test's own (``Client``'s settings as keywords)."""
+        name = f"c-{uuid.uuid4().hex[:12]}"
+        self.clients.save(Client(name, **limits))
+        return name
+
+    @staticmethod
+    def queue() -> str:
+        """A queue of this test's own."""
+        return f"q-{uuid.uuid4().hex[:12]}"
+
+    def submit(self, template: str = "t", **options: Any) -> int:
+        """A run created from a ``NewRun`` (its options as keywords; a new key unless given)."""
+        key = options.pop("key", None) or f"contract:{uuid.uuid4()}"
+        max_attempts = options.pop("max_attempts", 2)
+        queue = options.pop("queue", None)
+        run_id, _ = self.runs.create(
+            NewRun(template, key, options.pop("variables", {}), max_attempts, queue, **options)
+        )
+        return run_id
+
+    def waiting(
+        self,
+        children: int = 2,
+        client: str = "default",
+        queue: str | None = None,
+        priority: int = 5,
+        template: str = "t",
+        **options: Any,
+    ) -> int:
+        """A running run whose ``children`` children wait for the dispatcher."""
+        run_id = self.submit(template, client=client, queue=queue, priority=priority, **options)
+        plan = [{"i": i} for i in range(children)]
+        assert self.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+        sent: list[int] = []
+        state = self.runs.dispatch(run_id, lambda run, kids: sent.append(len(kids)), deferred=True)
+        assert (state, sent) == (RunState.RUNNING, [0])  # the chord is fixed, nothing is sent
+        return run_id
+
+    def turn(self) -> AbstractContextManager[Pass | None]:
+        """The dispatcher's turn, waited for (on PostgreSQL a worker's pass may hold it)."""
+        return self.dispatch.turn(wait=10)
 
     def run(
         self,
@@ -102,6 +208,9 @@ class World:
         v = self.view(run_id, index)
         return v.state, v.attempt, v.owner, v.checkpoint
 
+    def state(self, run_id: int) -> RunState:
+        return self.runs.status(run_id).state
+
 
 def memory() -> World:
     store = MemoryStore()
@@ -113,7 +222,13 @@ def memory() -> World:
     def expire(run_id: int, index: int) -> None:
         store.row(run_id, index).lease_expires_at = store.tables.clock() - 1
 
-    return World("memory", store.children, store.runs, make, expire)
+    def force(run_id: int, state: RunState) -> None:
+        store.tables.runs[run_id].state = state
+
+    return World(
+        "memory", store.children, store.runs, make, expire, store.dispatch, store.clients,
+        store.recovery, force,
+    )  # fmt: skip
 
 
 def postgresql(store: Store) -> World:
@@ -136,4 +251,14 @@ def postgresql(store: Store) -> World:
                 {"r": run_id, "i": index},
             )
 
-    return World("postgresql", store.children, store.runs, make, expire)
+    def force(run_id: int, state: RunState) -> None:
+        with store.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE dtask_runs SET state = :s WHERE id = :id"),
+                {"s": state.value, "id": run_id},
+            )
+
+    return World(
+        "postgresql", store.children, store.runs, make, expire, store.dispatch, store.clients,
+        store.recovery, force,
+    )  # fmt: skip

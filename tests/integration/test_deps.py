@@ -1,7 +1,8 @@
-"""Dependencies between runs in the store, against a real PostgreSQL: a run submitted after
-others waits, is released exactly when its last upstream succeeds (even when upstreams finish
-at once, or one finishes while the dependent is being submitted), and fails with its whole
-downstream when an upstream fails or is cancelled."""
+"""Dependencies between runs where PostgreSQL's locks decide, against a real PostgreSQL: a
+dependent released exactly once when its upstreams finish at once, or when one finishes while
+the dependent is being submitted; failing a downstream while its middle is being cancelled
+never deadlocks; a schedule's upstream slot. What a release or a failure does, one step at a
+time, is the contract both stores keep (tests/contract/test_deps_store.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from dtask import services
 from dtask.db import Claim, Store
 from dtask.db.database import sql
 from dtask.domain.runs import NewRun, RunState
-from dtask.exceptions import KeyConflict, UpstreamFailed, UpstreamNotFound
 from tests.support.db import wait_for
 
 
@@ -59,20 +59,6 @@ def state(store: Store, run_id: int) -> RunState:
     return store.runs.status(run_id).state
 
 
-def test_a_run_waits_for_its_upstreams_and_is_released_by_the_last(store: Store) -> None:
-    b, c = running(store), running(store)
-    d = create(store, (b, c))
-    status = store.runs.status(d)
-    assert status.state is RunState.WAITING
-    assert (status.after, status.waiting_for) == ((b, c), (b, c))
-    assert store.runs.split(d, lambda run: [{"i": 0}]) is RunState.WAITING  # never split early
-    assert finish(store, b) == []
-    assert store.runs.status(d).waiting_for == (c,)
-    assert finish(store, c) == [d]
-    assert state(store, d) is RunState.PENDING
-    assert create(store, (b, c)) and state(store, create(store, (b,))) is RunState.PENDING
-
-
 def at_once(*actions: Callable[[], object]) -> list[object]:
     """Run ``actions`` in threads released together; their results in order."""
     start = threading.Barrier(len(actions))
@@ -108,91 +94,6 @@ def test_a_dependent_submitted_while_its_upstream_finishes_never_waits_for_ever(
         # either created after the success (pending at once) or released by it
         assert state(store, made) is RunState.PENDING  # type: ignore[arg-type]
         assert released in ([], [made])
-
-
-def test_a_failed_upstream_fails_its_whole_downstream_naming_it(store: Store) -> None:
-    a = running(store)
-    b = create(store, (a,))
-    c = create(store, (b,))
-    d = create(store, (b, c))
-    other = running(store)
-    e = create(store, (other, d))
-    finish(store, a, ok=False)
-    assert store.runs.status(b).error == f"upstream run {a} failed"
-    assert store.runs.status(c).error == f"upstream run {b} failed"
-    assert store.runs.status(d).error == f"upstream run {b} failed"
-    assert store.runs.status(e).error == f"upstream run {d} failed"
-    assert {state(store, r) for r in (b, c, d, e)} == {RunState.FAILED}
-    assert state(store, other) is RunState.RUNNING
-    late = create(store, (a,))  # after a run that already failed: failed at once
-    assert store.runs.status(late).error == f"upstream run {a} failed"
-
-
-def test_a_cancelled_upstream_fails_its_dependents_and_a_rerun_chain_recovers(
-    store: Store,
-) -> None:
-    a = running(store)
-    b = create(store, (a,))
-    assert store.runs.cancel(a) is RunState.CANCELLED
-    assert store.runs.status(b).error == f"upstream run {a} was cancelled"
-    with pytest.raises(UpstreamFailed, match=rf"rerun that one first \(dtask rerun {a}\)"):
-        store.runs.rerun(b)
-    assert store.runs.rerun(a) is RunState.SPLITTING
-    assert store.runs.rerun(b) is RunState.WAITING  # its upstream runs again
-    store.runs.dispatch(a, lambda run, children: None)
-    assert finish(store, a) == [b]
-
-
-def test_cancelling_a_waiting_run_fails_its_dependents(store: Store) -> None:
-    a = running(store)
-    b = create(store, (a,))
-    c = create(store, (b,))
-    assert store.runs.cancel(b) is RunState.CANCELLED
-    assert store.runs.status(c).error == f"upstream run {b} was cancelled"
-    assert finish(store, a) == []
-
-
-def test_a_missing_upstream_is_refused_and_nothing_is_written(store: Store) -> None:
-    key = f"test:{uuid.uuid4()}"
-    with pytest.raises(UpstreamNotFound, match="after: no run with id 999999999"):
-        create(store, (999_999_999,), key=key)
-    with pytest.raises(UpstreamNotFound, match="no run with the key 'no-such-key'"):
-        store.runs.ids_by_key(["no-such-key"])
-    up = running(store)
-    assert create(store, (up,), key=key)  # the key was not taken by the refused submit
-
-
-def test_a_resubmit_returns_the_same_run_only_with_the_same_upstreams(store: Store) -> None:
-    a, b = running(store), running(store)
-    key = f"test:{uuid.uuid4()}"
-    first = create(store, (a, b), key=key)
-    assert create(store, (b, a), key=key) == first
-    with pytest.raises(KeyConflict, match=rf"already triggered run {first} with another upstream"):
-        create(store, (a,), key=key)
-
-
-def test_the_reaper_settles_a_waiting_run_nobody_settled(store: Store) -> None:
-    """As a worker of an older dtask would leave it: an upstream finished without settling."""
-    up, failing = running(store), running(store)
-    ok, bad = create(store, (up,)), create(store, (failing,))
-    below = create(store, (bad,))
-    with store.runs.db.tx() as conn:
-        conn.execute(sql("UPDATE dtask_runs SET state = 'succeeded' WHERE id = :id"), {"id": up})
-        conn.execute(sql("UPDATE dtask_runs SET state = 'failed' WHERE id = :id"), {"id": failing})
-    assert ok in store.recovery.settle_waiting()
-    assert state(store, ok) is RunState.PENDING
-    assert store.runs.status(bad).error == f"upstream run {failing} failed"
-    assert store.runs.status(below).error == f"upstream run {bad} failed"
-
-
-def test_graph_of_a_diamond(store: Store) -> None:
-    a = running(store)
-    b, c = create(store, (a,)), create(store, (a,))
-    d = create(store, (b, c))
-    graph = store.runs.graph(d)
-    assert {k: sorted(v) for k, v in graph.upstream.items()} == {d: [b, c], b: [a], c: [a]}
-    assert sorted(map(tuple, graph.as_json()["edges"])) == sorted([(b, a), (c, a), (d, b), (d, c)])
-    assert store.runs.graph(a).downstream[a] and set(store.runs.graph(a).downstream[a]) == {b, c}
 
 
 def test_failing_a_downstream_while_its_middle_is_being_cancelled_never_deadlocks(
@@ -234,17 +135,6 @@ def lock_waiters(store: Store) -> int:
                 )
             ).scalar_one()
         )
-
-
-def test_a_run_others_wait_for_is_not_forgotten_when_its_master_cannot_be_sent(
-    store: Store,
-) -> None:
-    up = create(store)
-    down = create(store, (up,))
-    assert store.runs.forget_unsent(up) is False  # kept: the reaper starts it later
-    assert state(store, up) is RunState.PENDING and state(store, down) is RunState.WAITING
-    alone = create(store)
-    assert store.runs.forget_unsent(alone) is True
 
 
 def test_a_schedule_after_one_of_another_cadence_is_decided_up_to_its_next_slot(

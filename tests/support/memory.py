@@ -1,41 +1,34 @@
-"""An in-memory store behind the interfaces the child lifecycle and the batch path use
-(dtask/worker/child_store.py ``LifecycleStore``, dtask/worker/batch.py): ``children`` as
+"""An in-memory store behind the interfaces the child lifecycle, the batch path, the
+dispatcher and dependencies use (dtask/worker/child_store.py ``LifecycleStore``,
+dtask/worker/batch.py, dtask/worker/dispatcher.py): ``children`` as
 ``dtask.db.children.ChildStore`` (claims with fences, attempts, leases, checkpoints, finish,
-failure, hand-back, a message's claims), ``runs`` as much of ``dtask.db.runs.RunStore`` as they
-reach (get, dispatch, cancel, finalize). tests/contract runs one suite against this and
-PostgreSQL, so it keeps the real store's semantics; what it leaves out (dependents, chains,
-the dispatcher's counters) no caller of it reaches.
+failure, hand-back, a message's claims), ``runs`` as ``dtask.db.runs.RunStore``
+(tests/support/memory_runs.py), ``dispatch``, ``clients`` and ``workers`` as the dispatcher
+reads them (tests/support/memory_dispatch.py), ``recovery``'s settling of waiting runs
+(tests/support/memory_deps.py). tests/contract runs one suite against this and PostgreSQL, so
+it keeps the real store's semantics.
 
 Each method is one atomic step under ``Tables.lock``, as each of the real store's is one
 statement or transaction. Lease times are ``Tables.clock`` seconds (monotonic)."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from dtask import services
-from dtask.db import ChildView, Claim, Finished, Refusal, RunRecord
+from dtask.db import ChildView, Claim, Finished, Refusal
 from dtask.db.children import _exhausted, lease_lost
-from dtask.db.runs import Chained, Reducer
-from dtask.domain.runs import (
-    ChildCounts,
-    ChildState,
-    ClaimRefusal,
-    RunState,
-    outcome,
-    refuse_claim,
-    sources,
-)
-from dtask.exceptions import DtaskError, LeaseLost, RunNotFound, UnknownTemplate
+from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
+from dtask.exceptions import LeaseLost
 from dtask.settings import Settings
-from tests.support.memory_rows import ChildRow, RunRow, Tables, jsonb, loads
-
-Send = Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None]
+from tests.support.memory_deps import MemoryRecovery
+from tests.support.memory_dispatch import MemoryClients, MemoryDispatch, MemoryWorkers
+from tests.support.memory_rows import ChildRow, Tables, jsonb, loads
+from tests.support.memory_runs import MemoryRuns
 
 
 class MemoryChildren:
@@ -251,126 +244,18 @@ class MemoryChildren:
             return None if row is None else row.view()
 
 
-class MemoryRuns:
-    """``RunStore``'s moves the lifecycle reaches, and ``add`` (a created and split run, as
-    ``create`` + ``split`` leave one). ``finalized`` lists the runs asked to finalize."""
-
-    def __init__(self, tables: Tables) -> None:
-        self.t = tables
-        self.finalized: list[int] = []
-        self._ids = itertools.count(1)
-        self._child_ids = itertools.count(1)
-
-    def add(
-        self,
-        template: str,
-        specs: Sequence[Mapping[str, Any]],
-        max_attempts: int,
-        execution_cap: float | None = None,
-        variables: dict[str, Any] | None = None,
-    ) -> int:
-        with self.t.lock:
-            run_id = next(self._ids)
-            self.t.runs[run_id] = RunRow(
-                run_id, template, f"memory:{run_id}", variables or {}, max_attempts,
-                execution_cap, group_id=f"dtask-{run_id}-1", dispatches=1,
-                child_total=len(specs), chord_size=len(specs),
-            )  # fmt: skip
-            for index, spec in enumerate(specs):
-                child_id = next(self._child_ids)
-                self.t.children[child_id] = ChildRow(
-                    child_id, run_id, index, dict(spec), max_attempts, sent_at=self.t.clock()
-                )
-            return run_id
-
-    def _run(self, run_id: int) -> RunRow:
-        run = self.t.runs.get(run_id)
-        if run is None:
-            raise RunNotFound(f"no run with id {run_id}")
-        return run
-
-    def get(self, run_id: int) -> RunRecord:
-        with self.t.lock:
-            return self._run(run_id).record()
-
-    def dispatch(
-        self, run_id: int, send: Send, wait: bool = True, deferred: bool = False
-    ) -> RunState:
-        with self.t.lock:
-            run = self._run(run_id)
-            if run.state is not RunState.SPLITTING:
-                return run.state
-            unfinished = [(c.index, c.spec) for c in self.t.of_run(run_id) if not c.state.finished]
-            send(self.get(run_id), [] if deferred else unfinished)
-            run.state = RunState.RUNNING
-            return RunState.RUNNING
-
-    def take_chains(self, run_id: int, send: Callable[[Chained], None]) -> bool:
-        """No run here keeps Celery chains (``add_chain`` is not reached): nothing to send."""
-        return False
-
-    def cancel(self, run_id: int) -> RunState:
-        with self.t.lock:
-            run = self._run(run_id)
-            if not run.state.finished:
-                self._settle(run, RunState.CANCELLED, error="cancelled")
-            return run.state
-
-    def _settle(
-        self, run: RunRow, state: RunState, error: str | None = None, result: Any = None
-    ) -> bool:
-        if run.state.value not in sources(state):
-            return False
-        run.state, run.error, run.result = state, error, result
-        return True
-
-    def finalize(
-        self,
-        run_id: int,
-        wait: bool = True,
-        reduce: Reducer | None = None,
-        released: list[int] | None = None,
-        ended: list[str] | None = None,
-        reduces: Callable[[str], bool] = lambda template: True,
-    ) -> RunState:
-        self.finalized.append(run_id)
-        with self.t.lock:
-            run = self._run(run_id)
-            if run.state.finished:
-                return run.state
-            states = [c.state.value for c in self.t.of_run(run_id)]
-            final = outcome(ChildCounts.from_states({s: states.count(s) for s in set(states)}))
-            if final is None:
-                return run.state
-            record, dispatches = self.get(run_id), run.dispatches
-            results = [c.result for c in self.t.of_run(run_id)]
-        error, result = None, None
-        if final is RunState.SUCCEEDED and reduce is not None and reduces(run.template):
-            try:  # outside the lock, as the real store runs the reduce outside its transaction
-                result = loads(reduce(record, lambda: results))
-            except UnknownTemplate:
-                return record.state
-            except DtaskError as exc:
-                final, error = RunState.FAILED, str(exc)
-        with self.t.lock:
-            if run.dispatches != dispatches:
-                return run.state
-            if final is RunState.FAILED and error is None:
-                error = self.t.failure_summary(run_id)
-            if not self._settle(run, final, error, result):
-                return run.state
-            if ended is not None and run.group_id is not None:
-                ended.append(run.group_id)
-            return final
-
-
 class MemoryStore:
-    """``store.children`` and ``store.runs`` over one set of tables (a ``LifecycleStore``)."""
+    """The store's parts over one set of tables (a ``LifecycleStore``, and what the
+    dispatcher and dependencies use)."""
 
     def __init__(self, tables: Tables | None = None) -> None:
         self.tables = tables or Tables()
         self.children = MemoryChildren(self.tables)
         self.runs = MemoryRuns(self.tables)
+        self.dispatch = MemoryDispatch(self.tables)
+        self.clients = MemoryClients(self.tables)
+        self.workers = MemoryWorkers()
+        self.recovery = MemoryRecovery(self.tables)
 
     def row(self, run_id: int, index: int) -> ChildRow:
         """A child's row as it is (a test reads it, or sets it up)."""

@@ -1,5 +1,6 @@
 """The in-memory store's tables (tests/support/memory.py): a run's and a child's row, with
-the columns the child lifecycle reads and writes, and the CHECKs PostgreSQL enforces on them."""
+the columns the child lifecycle, the dispatcher and dependencies read and write, the CHECKs
+PostgreSQL enforces on them, and the clients' rows."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from dtask.db import ChildView, RunRecord
+from dtask.domain.clients import DEFAULT_CLIENT, DEFAULT_PRIORITY, Client, Tier
 from dtask.domain.runs import ChildState, RunState
 
 
@@ -41,11 +44,21 @@ class RunRow:
     result: Any = None
     error: str | None = None
     child_seconds: float | None = None
+    client: str = DEFAULT_CLIENT
+    priority: int = DEFAULT_PRIORITY
+    deadline: datetime | None = None
+    queue: str | None = None
+    tier: Tier = Tier.BASIC
+    unsent: int = 0  # children left to the dispatcher
+    after: tuple[int, ...] = ()  # its upstreams (dtask_run_deps), in id order
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    finished_at: datetime | None = None
 
     def record(self) -> RunRecord:
         return RunRecord(
             self.id, self.template, self.key, self.variables, self.state, self.max_attempts,
-            None, self.child_total, self.group_id, self.chord_size, self.dispatches,
+            self.queue, self.child_total, self.group_id, self.chord_size, self.dispatches,
+            tier=self.tier,
         )  # fmt: skip
 
 
@@ -97,6 +110,7 @@ class Tables:
     clock: Callable[[], float] = time.monotonic
     runs: dict[int, RunRow] = field(default_factory=dict)
     children: dict[int, ChildRow] = field(default_factory=dict)
+    clients: dict[str, Client] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     def child(self, run_id: int, index: int) -> ChildRow | None:
