@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import hypothesis
 import pytest
@@ -45,6 +46,21 @@ def pytest_configure(config: pytest.Config) -> None:
         except (OSError, subprocess.TimeoutExpired):
             return  # no rabbitmqctl: the RabbitMQ tests share the default vhost
     os.environ["DTASK_TEST_AMQP_URL"] = f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+
+
+_tiers: dict[str, float] = {}  # seconds each tier's tests took (setup, call and teardown)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 else "other"
+    _tiers[tier] = _tiers.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _tiers:
+        each = ", ".join(f"{tier} {seconds:.0f} s" for tier, seconds in sorted(_tiers.items()))
+        terminalreporter.write_line(f"seconds per tier, summed over processes: {each}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -90,7 +90,9 @@ class DispatchPass:
         self, runnable: Callable[[str | None, str], bool] = lambda queue, template: True
     ) -> tuple[dict[str | None, Out], dict[str, int]]:
         """Per queue what is out (queued, running), and per client its children out, but for
-        runs that no live worker of their queue can run (``runnable``). Counted from the
+        runs that no live worker of their queue can run (``runnable``): the running children
+        of any run (a cancelled run's run until their next checkpoint), the queued ones of
+        running runs. Counted from the
         children out themselves, through the partial indexes that hold only them (the sent
         and unclaimed; the running), grouped by their runs' queue, client and template: a
         pass costs what is out, not the running runs (10,000 of them cost ~100 ms) nor their
@@ -111,7 +113,9 @@ class DispatchPass:
                 # for every run out, 18 ms a pass at a thousand small runs)
                 " LATERAL (SELECT queue, client, template, state FROM dtask_runs"
                 "   WHERE id = c.run_id LIMIT 1) r"
-                " WHERE r.state = 'running'"
+                # a cancelled run's running children hold their slots (and their client's
+                # cap) until their next checkpoint stops them; its queued ones will not run
+                " WHERE r.state = 'running' OR c.running > 0"
                 " GROUP BY r.queue, r.client, r.template"
             )
         ).all()

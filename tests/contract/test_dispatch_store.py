@@ -160,6 +160,24 @@ def test_what_is_out_counts_only_running_runs(world: World) -> None:
     assert cancelled not in demanded(world)
 
 
+def test_a_cancelled_run_s_children_count_as_out_until_they_stop(world: World) -> None:
+    """A cancel stops running children only at their next checkpoint: until then they hold
+    their slots and their client's cap (a capped client ran twice its cap when they did not
+    count); its queued messages will not run and do not count."""
+    client, q = world.client(), world.queue()
+    run_id = world.waiting(3, client=client, queue=q)
+    with world.turn() as turn:
+        assert turn is not None
+        turn.take(run_id, 3)
+    for index in (0, 1):
+        assert not isinstance(world.children.claim(run_id, index, "me", 30), Refusal)
+    world.runs.cancel(run_id)
+    with world.turn() as turn:
+        assert turn is not None
+        queues, clients = turn.out()
+    assert (queues[q], clients[client]) == (Out(queued=0, running=2), 2)
+
+
 def test_shares_are_the_clients_limits_and_what_they_have_out(world: World) -> None:
     capped, weighted = world.client(max_running=3), world.client(weight=2.5)
     unknown = "no-such-client-row"

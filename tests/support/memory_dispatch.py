@@ -95,10 +95,13 @@ class MemoryPass:
             counted: dict[tuple[str | None, str, str], tuple[int, int]] = {}
             for c in self.t.children.values():
                 run = self.t.runs.get(c.run_id)
-                if run is None or run.state is not RunState.RUNNING:
+                if run is None:
                     continue
-                queued = c.state is ChildState.PENDING and c.sent_at is not None
+                active = run.state is RunState.RUNNING
+                queued = active and c.state is ChildState.PENDING and c.sent_at is not None
                 running = c.state is ChildState.RUNNING and c.lease_expires_at is not None
+                if not (queued or running):
+                    continue
                 key = (run.queue, run.client, run.template)
                 q, r = counted.get(key, (0, 0))
                 counted[key] = (q + queued, r + running)
