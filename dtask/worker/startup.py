@@ -31,6 +31,7 @@ from dtask.worker import (
     notifier,
     reaper,
     registry,
+    results,
     scope,
 )
 from dtask.worker.config import DEFAULT_QUEUE
@@ -54,6 +55,7 @@ def install() -> None:
     dispatcher.install()
     notifier.install()
     monitor.install()
+    results.install()  # Celery before 5.7: a chord part counted after its run ended is swept
     worker_init.connect(_import_driver, weak=False)
     worker_process_init.connect(_as_pool_process, weak=False)
     celeryd_after_setup.connect(_check_queues, weak=False)
