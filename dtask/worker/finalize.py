@@ -7,6 +7,9 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from celery.signals import task_postrun
+from redis.exceptions import ResponseError
+
 from dtask import services
 from dtask.db import RunRecord
 from dtask.db.runs import Reducer
@@ -14,7 +17,8 @@ from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.worker import chains
-from dtask.worker.messages import forget_chord, send_master
+from dtask.worker.messages import LATE_PARTS_IGNORED, forget_chord, send_master, sweep_late_part
+from dtask.worker.task_table import CHILD
 
 log = logging.getLogger("dtask.worker")
 
@@ -97,6 +101,35 @@ def forget(run_id: int, group: str) -> None:
         forget_chord(group)
     except Exception as exc:  # they expire by themselves (result_expires)
         log.warning("run %s: its chord's keys in the result backend stay: %s", run_id, exc)
+
+
+def install() -> None:
+    """Celery before 5.7 counts a chord part that returns after its run was finalized (the
+    failed last child's own, a child finishing at a cancel): a child's task then sweeps what
+    that part wrote (``sweep_late_part``). From a worker's main process, before its pool
+    forks; nothing to do from Celery 5.7 on."""
+    if not LATE_PARTS_IGNORED:
+        task_postrun.connect(_after_part, weak=False)
+
+
+_sweeps = True  # until a sweep fails (a Redis that runs no script): then said once
+
+
+def _after_part(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
+    global _sweeps
+    if getattr(sender, "name", None) != CHILD or state not in ("SUCCESS", "FAILURE"):
+        return  # not a chord part: ignored, retried, or not dtask's
+    request = getattr(task, "request", None)
+    group = getattr(request, "group", None)
+    if not _sweeps or not group or not getattr(request, "chord", None):
+        return
+    try:
+        sweep_late_part(group)
+    except ResponseError as exc:  # refused, not lost: their keys expire with result_expires
+        _sweeps = False
+        log.warning("late chord parts are not swept in this process: %s", exc)
+    except Exception as exc:  # Redis away: the part itself met it too
+        log.debug("chord %s: a late part not swept: %s", group, exc)
 
 
 def start_released(

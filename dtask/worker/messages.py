@@ -5,11 +5,13 @@ Messages are addressed by task name, so this module needs the Celery app but not
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from functools import partial
 from typing import Any, ClassVar
 
+import celery
 from celery.backends.redis import RedisBackend
 from celery.utils.saferepr import saferepr
 
@@ -97,8 +99,8 @@ def send_master(
         **_priority(MASTERS if priority is None else broker_priority(priority, 1)),
     )
     try:
-        try:  # the message and its task-sent event in one round trip (on Redis, a pipeline)
-            with app.producer_or_acquire(through) as producer, producer.batch(max_size=8):
+        try:  # the message and its task-sent event in one round trip (Redis, kombu 5.7)
+            with app.producer_or_acquire(through) as producer, pipelined(producer, 8):
                 send(producer=producer)
         except Exception:  # failed at the flush, past the publish's retries: send it as
             send(producer=through)  # Celery does (a duplicate master is harmless)
@@ -186,6 +188,31 @@ def forget_chord(group_id: str) -> None:
 
 STRAGGLERS = 3600  # seconds a finished chord's done marker stays (Celery's own keeps 300)
 
+# Celery 5.7's Redis backend checks the done marker before it counts a chord part (in one
+# script): a part that returns after forget_chord writes nothing. Before 5.7 the part adds
+# itself to a new join list, which would stay for result_expires (7 days): there a child's
+# task sweeps it once its part is counted (``sweep_late_part``).
+LATE_PARTS_IGNORED = tuple(celery.VERSION[:2]) >= (5, 7)
+
+# Counted after forget_chord's atomic delete-and-mark, a part finds the mark here; counted
+# before it, forget_chord deleted it. Either way nothing of a finished chord stays.
+_SWEEP = """
+if redis.call('GET', KEYS[1]) == 'done' then
+    return redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+end
+return 0
+"""
+
+
+def sweep_late_part(group_id: str) -> None:
+    """After a child's chord part was counted (Celery before 5.7): if the run's chord was
+    forgotten already (``forget_chord``'s done marker), delete what the part made again."""
+    if LATE_PARTS_IGNORED or not chords():
+        return
+    backend = current().backend
+    keys = [backend.get_key_for_group(group_id, part) for part in (".c", ".j", ".t", ".s", ".d")]
+    backend.client.eval(_SWEEP, len(keys), *keys)
+
 
 def chords() -> bool:
     """Whether runs' children go out as a chord: only with Redis's backend, whose chord
@@ -220,7 +247,7 @@ def publish(
     declared: dict[str, Any] = {}
     options = _priority(priority)
     parent = _parent_ids()
-    with app.producer_or_acquire(through) as producer, producer.batch(max_size=PUBLISH_BATCH):
+    with app.producer_or_acquire(through) as producer, pipelined(producer, PUBLISH_BATCH):
         for group in _batches(children, batch):
             c = group[0]
             name = c.queue or DEFAULT_QUEUE
@@ -272,6 +299,14 @@ def publish(
             )
             sent += len(group)
     return sent
+
+
+def pipelined(producer: Any, size: int) -> contextlib.AbstractContextManager[Any]:
+    """The producer's publishes inside, sent ``size`` at a time in one round trip where kombu
+    can (``Producer.batch``, kombu 5.7: a Redis pipeline); with an older kombu each goes out
+    as it is published, as Celery sends them."""
+    batch = getattr(producer, "batch", None)
+    return batch(max_size=size) if batch is not None else contextlib.nullcontext()
 
 
 def _batches(children: Iterable[Redispatch], size: int) -> Iterable[list[Redispatch]]:

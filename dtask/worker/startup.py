@@ -26,6 +26,7 @@ from dtask.worker import (
     dispatcher,
     drain,
     events,
+    finalize,
     load,
     loop,
     monitor,
@@ -54,6 +55,7 @@ def install() -> None:
     settings = services.current().settings
     window = [dispatcher.loop(settings)] if settings.dispatch == "window" else []
     loop.in_worker([reaper.loop(settings), *window, notifier.loop(), monitor.loop()])
+    finalize.install()  # Celery before 5.7: a chord part counted after its run ended is swept
     worker_init.connect(_import_driver, weak=False)
     worker_process_init.connect(_as_pool_process, weak=False)
     celeryd_after_setup.connect(_check_queues, weak=False)

@@ -32,7 +32,12 @@ ENTRIES: dict[str, Entry] = {
     MASTER: Entry(_TASKS, {"bind": True, "ignore_result": True, "max_retries": None}),
     SUBMIT: Entry(_TASKS, {"bind": True, "ignore_result": False}),
     CHAINS: Entry(_TASKS, {"ignore_result": True}),
-    CHILD: Entry(_TASKS, {"bind": True, "max_retries": None, "track_started": False}),
+    # ignore_result on the task, not only on its messages: Celery before 5.6.3 reads it from the
+    # task alone for a failure, and kept a failed child's result in Redis for result_expires
+    CHILD: Entry(
+        _TASKS,
+        {"bind": True, "max_retries": None, "track_started": False, "ignore_result": True},
+    ),
     FINALIZE: Entry(_TASKS, {"ignore_result": True}),
     CHILDREN: Entry(
         "dtask.worker.batch",

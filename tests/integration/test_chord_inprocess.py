@@ -4,12 +4,14 @@ against the real embedded Redis and PostgreSQL: fast, no subprocess."""
 from __future__ import annotations
 
 import os
+import queue
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery
+from celery.signals import task_postrun
 
 import dtask
 from dtask import services
@@ -55,14 +57,26 @@ def test_a_run_completes_through_the_chord_and_late_duplicates_change_nothing(
     record = services.store().runs.get(run.id)
     assert record.group_id is not None
     # A late copy of a finished child: same id and chord options, as a redelivery would be.
-    late = child.apply_async(
-        args=(run.id, 0, "print_range", {"a": 1, "b": 1000}),
-        task_id=child_task_id(record.group_id, 0),
-        group_id=record.group_id,
-        group_index=0,
-        chord=chord_callback(run.id, record.group_id),
-    )
-    assert late.get(timeout=10) is None
+    # A child stores no result (ignore_result): the in-process worker's task_postrun tells.
+    ran: queue.Queue[tuple[str, Any]] = queue.Queue()
+    late_id = child_task_id(record.group_id, 0)
+
+    def finished(task_id: str = "", state: str = "", retval: Any = None, **_: Any) -> None:
+        if task_id == late_id:
+            ran.put((state, retval))
+
+    task_postrun.connect(finished, weak=False)
+    try:
+        child.apply_async(
+            args=(run.id, 0, "print_range", {"a": 1, "b": 1000}),
+            task_id=late_id,
+            group_id=record.group_id,
+            group_index=0,
+            chord=chord_callback(run.id, record.group_id),
+        )
+        assert ran.get(timeout=10) == ("SUCCESS", None)
+    finally:
+        task_postrun.disconnect(finished)
     after = run.status()
     assert after.state is dtask.RunState.SUCCEEDED
     assert after.children == status.children

@@ -22,6 +22,10 @@ Make = Callable[..., DatabaseScheduler]
 def make(monkeypatch: pytest.MonkeyPatch) -> Iterator[Make]:
     for name in [n for n in os.environ if n.upper().startswith("DTASK_")]:
         monkeypatch.delenv(name)
+    # URLs nothing listens on, never connected to: without them, resolving the services
+    # started an embedded PostgreSQL in the user's own ~/.local/state/dtask
+    monkeypatch.setenv("DTASK_DATABASE_URL", "postgresql+psycopg://dtask@127.0.0.1:9/none")
+    monkeypatch.setenv("DTASK_BROKER_URL", "redis://127.0.0.1:9/0")
     services.reset()
 
     def scheduler(**conf: object) -> DatabaseScheduler:
