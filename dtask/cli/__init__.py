@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from dtask.cli import api, children, clients, graph, prune, runs, schedules, services
-from dtask.cli.base import Parser
+from dtask.cli.base import Parser, interrupted
 from dtask.exceptions import DtaskError
 
 
@@ -50,11 +50,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
         return code
     except DtaskError as exc:
+        if interrupted(exc):  # Ctrl-C in a database call, reported as the call's failure
+            print("dtask: interrupted", file=sys.stderr)
+            return 130
         print(f"dtask: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("dtask: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `dtask runs | head -1`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
+        print("dtask: interrupted", file=sys.stderr)
+        return 130

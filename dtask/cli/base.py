@@ -24,6 +24,19 @@ class Parser(argparse.ArgumentParser):
         return super().format_help() + TEMPLATES_HELP
 
 
+def interrupted(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error raised while Ctrl-C unwound a database call:
+    SQLAlchemy's rollback of a statement still in flight fails ("can't commit now: connection
+    in transaction status ACTIVE") and hides the KeyboardInterrupt in its context."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
     parsed: dict[str, str] = {}
     for pair in pairs:

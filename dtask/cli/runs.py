@@ -12,6 +12,7 @@ from dtask.cli.base import (
     EXIT_OK,
     EXIT_RUN_FAILED,
     child_index,
+    interrupted,
     limit,
     number,
     parse_vars,
@@ -178,8 +179,10 @@ def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
 
     try:
         return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
-    except KeyboardInterrupt:
-        _interrupted(run_id)
+    except BaseException as exc:
+        if interrupted(exc):
+            _interrupted(run_id)
+        raise
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -219,8 +222,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
             _print_status(status, args.json)
             return _outcome(status)
-    except KeyboardInterrupt:
-        _interrupted(run.id)
+    except BaseException as exc:
+        if interrupted(exc):
+            _interrupted(run.id)
+        raise
     if args.json:
         _print_status(run.status(), True)
     return EXIT_OK
