@@ -363,7 +363,11 @@ def test_one_beat_for_both_kinds_two_beats_send_the_apps_entries_once(
         for proc, out in beats:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:  # seen once under load: never leak it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
             out.close()
 
 
