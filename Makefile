@@ -15,7 +15,7 @@ MINUTES ?= 10
 SEED ?= 1
 DISPATCH ?= window
 
-.PHONY: install demo test test-floor lint typecheck unit bench bench-big soak clean chromium
+.PHONY: install demo test test-floor lint typecheck unit bench bench-big soak clean chromium pgbouncer
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,17 @@ chromium:
 	    echo "could not install Chromium: the browser tests will be skipped"; \
 	  else echo "no Chromium (and no root apt-get): the browser tests will be skipped"; fi; }
 
+# The PgBouncer tests run Debian's pgbouncer (started by the tests, on ports of their own):
+# installed here when it is missing and apt can (root); otherwise those tests are skipped.
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing PgBouncer (apt-get) for the pooler tests..."; \
+	    apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq pgbouncer >/dev/null 2>&1; } || \
+	    echo "could not install PgBouncer: the pooler tests will be skipped"; \
+	  else echo "no PgBouncer (and no root apt-get): the pooler tests will be skipped"; fi; }
+
 # The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
@@ -69,7 +80,7 @@ test-floor: $(FLOOR_STAMP)
 	@$(FLOOR)/bin/python -c "import celery, kombu; print('floor: celery', celery.__version__, 'kombu', kombu.__version__)"
 	$(FLOOR)/bin/pytest -q $(XDIST) $(FLOOR_TESTS)
 
-test: lint typecheck chromium test-floor
+test: lint typecheck chromium pgbouncer test-floor
 	$(BIN)/pytest -q --durations=25 $(XDIST)
 
 $(BENCH_STAMP): $(STAMP)

@@ -320,9 +320,19 @@ class Settings(BaseSettings):
         ge=2,
         le=1000,
         description=(
-            "PostgreSQL connections each of a process's three engines may hold (a worker's pool "
-            "processes: 2 each); a worker that could take the server past `max_connections` "
-            "refuses to start (docs/security.md)"
+            "PostgreSQL connections a process may hold: a worker's main process (and with "
+            "`-P threads`, its children too) and every client; a prefork pool process holds 1. "
+            "A worker that would take the server past `max_connections` refuses to start "
+            "(docs/scaling.md)"
+        ),
+    )
+    db_pooler: Literal["auto", "none", "transaction"] = Field(
+        "auto",
+        description=(
+            "`transaction`: the database URL is a pooler that shares server connections "
+            "between transactions (PgBouncer's `pool_mode = transaction`): no startup options, "
+            "no prepared statements, bounds set per transaction. `auto`: so when the server "
+            "refuses or drops dtask's startup options. `none`: never"
         ),
     )
     flower_auth: SecretStr | None = Field(

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
-from dtask.db import schema
+from dtask.db import pooler, schema
 from dtask.db.database import Database
 from dtask.db.engine import Limits
 from dtask.db.runs import Reducer, RunStore
@@ -196,14 +196,11 @@ def unpooled_store(url: str, limits: Limits) -> Store:
         engine = create_engine(
             url,
             poolclass=NullPool,
-            connect_args={
-                **limits.connect_args(),
-                "application_name": f"dtask:{os.getpid()}",
-                "options": " ".join(limits.options()),
-            },
+            connect_args={**limits.connect_args(), "application_name": f"dtask:{os.getpid()}"},
         )
+        pooler.watch(engine, limits.pooler, limits.options())
         schema.ensure(engine, migrate=True)
-        store = Store(Database(engine))
+        store = Store(Database(engine, limits))
         store.runs = _ChordlessRuns(store.db)
         _unpooled[key] = store
         return store

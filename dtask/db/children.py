@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from dtask.db.child_reads import ChildReads
-from dtask.db.database import sql
+from dtask.db.database import ASYNC_COMMIT, sql
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
 
@@ -132,7 +132,7 @@ class ChildStore(ChildReads):
         Every statement here is conditional on its own, so each commits by itself: no
         transaction round trips on the path every child takes. Durably: a claim lost in a
         crash would hand its fence out again."""
-        with self.db.owner(durable=True) as conn:
+        with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {_TAKE}, attempt = attempt + 1,"
@@ -189,7 +189,7 @@ class ChildStore(ChildReads):
         attempt as it starts (``start``); one taken for the first time (fence 1) only with
         its finish or failure (``write_batch``, ``fail_attempt``), so a worker killed while
         it runs spends none, and the next take, not a first, counts as it starts."""
-        with self.db.owner(durable=True) as conn:
+        with self.db.owner() as conn:
             rows = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {_TAKE}, started_at = coalesce(started_at, now())"
@@ -209,12 +209,12 @@ class ChildStore(ChildReads):
         """A child taken by ``claim_many`` starts: its attempt is counted and its lease runs
         from now, under its fence. None when the fence has moved or no attempt is left (then
         claim it the usual way, which says why)."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {_START}"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
-                    " AND attempt < max_attempts RETURNING attempt"
+                    f" AND attempt < max_attempts AND {ASYNC_COMMIT} RETURNING attempt"
                 ),
                 {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
             ).first()
@@ -227,7 +227,7 @@ class ChildStore(ChildReads):
         ``start`` of ``claim`` (the next child of their message, if any) in one statement,
         each under its own fence: the ids of those of ``done`` written, and the started claim
         (None as for ``start``)."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     "WITH v AS (SELECT * FROM unnest(CAST(:ids AS bigint[]),"
@@ -242,7 +242,7 @@ class ChildStore(ChildReads):
                     "   WHERE id = :id AND fence = :fence AND state = 'running'"
                     "   AND attempt < max_attempts RETURNING attempt)"
                     " SELECT ARRAY(SELECT id FROM done) AS finished,"
-                    " (SELECT attempt FROM began) AS attempt"
+                    f" (SELECT attempt FROM began) AS attempt WHERE {ASYNC_COMMIT}"
                 ),
                 {
                     "ids": [d.claim.child_id for d in done],
@@ -270,11 +270,12 @@ class ChildStore(ChildReads):
     ) -> None:
         """Write to a child we own: only while its fence is ours and it is running.
         A stale owner matches no row and gets LeaseLost."""
-        with self.db.owner(durable) as conn:
+        commit = "" if durable else f" AND {ASYNC_COMMIT}"
+        with self.db.owner() as conn:
             result = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
-                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                    f" WHERE id = :id AND fence = :fence AND state = 'running'{commit}"
                 ),
                 {"id": claim.child_id, "fence": claim.fence, **params},
             )
@@ -306,11 +307,12 @@ class ChildStore(ChildReads):
     def note_time(self, run_id: int, seconds: float) -> None:
         """Fold a child's measured time (claim to finish, in its pool process) into the run's
         moving average: what the dispatcher sizes its messages by. Once per message."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             conn.execute(
                 sql(
                     "UPDATE dtask_runs SET child_seconds = CASE WHEN child_seconds IS NULL"
-                    " THEN :s ELSE 0.7 * child_seconds + 0.3 * :s END WHERE id = :r"
+                    " THEN :s ELSE 0.7 * child_seconds + 0.3 * :s END"
+                    f" WHERE id = :r AND {ASYNC_COMMIT}"
                 ),
                 {"r": run_id, "s": seconds},
             )
@@ -319,7 +321,7 @@ class ChildStore(ChildReads):
         """Whether a child of the run is still pending or running. Asked after a child's own
         final write committed, so of two last children finishing at once the later asker sees
         both finished."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             return bool(conn.execute(sql(f"SELECT {unfinished(':r')}"), {"r": run_id}).scalar())
 
     def fail_attempt(
@@ -327,7 +329,7 @@ class ChildStore(ChildReads):
     ) -> ChildState:
         """Record a failed attempt (its error line, traceback and last printed lines): back to
         pending for a retry, or failed when none are left."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children SET attempt = attempt + :counts,"
@@ -341,7 +343,7 @@ class ChildStore(ChildReads):
                     " traceback = :traceback, output = :output,"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
-                    " RETURNING state"
+                    f" AND {ASYNC_COMMIT} RETURNING state"
                 ),
                 {
                     "id": claim.child_id,
@@ -359,13 +361,14 @@ class ChildStore(ChildReads):
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
         None when the fence has moved (we lost the child)."""
-        with self.db.owner(durable=False) as conn:
+        with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children c"
                     " SET lease_expires_at = now() + make_interval(secs => :ttl)"
                     " FROM dtask_runs r WHERE c.id = :id AND c.fence = :fence"
-                    " AND c.state = 'running' AND r.id = c.run_id RETURNING r.state"
+                    " AND c.state = 'running' AND r.id = c.run_id"
+                    f" AND {ASYNC_COMMIT} RETURNING r.state"
                 ),
                 {"id": claim.child_id, "fence": claim.fence, "ttl": lease_ttl},
             ).first()
@@ -386,7 +389,7 @@ class ChildStore(ChildReads):
     def revoke(self, run_id: int, index: int, error: str) -> bool:
         """Fail an unfinished child whatever its fence (someone revoked its task): its owner's
         next fenced write matches no row. True when it was unfinished."""
-        with self.db.owner(durable=True) as conn:
+        with self.db.owner() as conn:
             result = conn.execute(
                 sql(
                     "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"

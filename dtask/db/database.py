@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -16,7 +17,8 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from dtask.db.engine import unreachable
+from dtask.db import pooler
+from dtask.db.engine import PINGED, Limits, unreachable
 from dtask.exceptions import DatabaseUnavailable, DtaskError, InvalidInput
 from dtask.settings import mask
 
@@ -39,40 +41,72 @@ def lock_run(conn: Connection, run_id: int, wait: bool = True) -> bool:
     return wait or bool(result)
 
 
+ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
+"""A condition that makes the statement's own commit not wait for the WAL flush (its
+implicit transaction's setting, so nothing outlives it, also behind a pooler): in the WHERE
+of an owner's write that may be lost in a crash (see ``Database``)."""
+
+
+# undefined table, column, function: dtask's schema is missing or older than this code
+_SCHEMA_BEHIND = ("42P01", "42703", "42883")
+
+
 class Database:
     """``engine`` runs transactions. A child owner's writes are single conditional statements
-    on autocommit engines (``owner_engine``, and ``owner_async_engine``, whose sessions do not
-    wait for the WAL flush), so an owner frozen mid-write (SIGSTOP, a paused VM) never keeps a
-    row locked: the reaper skips locked rows and would otherwise never take the child over.
+    that commit on their own (``owner``, on the same pool), so an owner frozen mid-write
+    (SIGSTOP, a paused VM) never keeps a row locked: the reaper skips locked rows and would
+    otherwise never take the child over.
 
-    What may be lost in a PostgreSQL crash goes asynchronously: heartbeats, finish, release (a
-    lost finish leaves a lease that expires, and the child re-runs from its checkpoint). What
-    may not goes durably: a claim (its fence must never go backwards, or two owners would hold
-    the same fence), checkpoints, and every run transition; a durable commit also flushes every
-    earlier asynchronous one."""
+    What may be lost in a PostgreSQL crash commits asynchronously (``ASYNC_COMMIT``):
+    heartbeats, finish, release (a lost finish leaves a lease that expires, and the child
+    re-runs from its checkpoint). What may not commits durably: a claim (its fence must never
+    go backwards, or two owners would hold the same fence), checkpoints, and every run
+    transition; a durable commit also flushes every earlier asynchronous one."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        owner_engine: Engine | None = None,
-        owner_async_engine: Engine | None = None,
-    ) -> None:
+    def __init__(self, engine: Engine, limits: Limits | None = None) -> None:
         self.engine = engine
-        autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.owner_engine = owner_engine or autocommit
-        self.owner_async_engine = owner_async_engine or autocommit
+        self.limits = limits or Limits()
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._held = threading.local()
 
     @contextmanager
     def tx(self) -> Iterator[Connection]:
-        with self._errors(), self.engine.begin() as conn:
+        with self._one_more(), self._errors(), self._pinged(), self.engine.begin() as conn:
+            if pooler.pooled(conn.info):
+                conn.execute(sql(pooler.BOUNDS), self.limits.timeouts())
             yield conn
 
     @contextmanager
-    def owner(self, durable: bool) -> Iterator[Connection]:
+    def owner(self) -> Iterator[Connection]:
         """A connection whose every statement commits on its own (see the class)."""
-        engine = self.owner_engine if durable else self.owner_async_engine
-        with self._errors(), engine.connect() as conn:
+        with self._one_more(), self._errors(), self._autocommit.connect() as conn:
             yield conn
+
+    @staticmethod
+    @contextmanager
+    def _pinged() -> Iterator[None]:
+        token = PINGED.set(True)
+        try:
+            yield
+        finally:
+            PINGED.reset(token)
+
+    @contextmanager
+    def _one_more(self) -> Iterator[None]:
+        """A thread asking for more connections at once than the pool has would wait for
+        itself (``pool_wait``) and then fail: it fails at once instead, naming the bug (a pool
+        process has one connection, so there a transaction inside another is that bug)."""
+        held = getattr(self._held, "count", 0)
+        if held >= self.limits.connections:
+            raise RuntimeError(
+                f"this thread already holds all {held} connection(s) of its process's pool"
+                " and asks for another (a transaction inside a transaction)"
+            )
+        self._held.count = held + 1
+        try:
+            yield
+        finally:
+            self._held.count = held
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -92,7 +126,7 @@ class Database:
         except UnicodeEncodeError:
             raise InvalidInput("a text given is not valid UTF-8 (undecodable bytes)") from None
         except ProgrammingError as exc:
-            if "does not exist" in str(exc.orig):
+            if getattr(exc.orig, "sqlstate", None) in _SCHEMA_BEHIND:
                 raise DatabaseUnavailable(
                     f"dtask's tables are missing in {mask(str(self.engine.url))}:"
                     " run `dtask migrate`"

@@ -15,6 +15,7 @@ from sqlalchemy import Connection
 from dtask.db.clients import CLIENT_COLUMNS, client_from_row
 from dtask.db.database import DISPATCH_LOCK, Database, sql
 from dtask.db.recovery import Redispatch, redispatch_from_row
+from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share
 from dtask.exceptions import LeaseLost
@@ -35,6 +36,11 @@ class DispatchPass:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+
+    def live_workers(self, within: float) -> list[WorkerInfo]:
+        """``WorkerStore.live``, in this turn's transaction (a pool process's master passes
+        with its only connection)."""
+        return live_on(self.conn, within)
 
     def demands(self, per_client: int | None = None) -> dict[str | None, list[Demand]]:
         """Runs with unsent children, per queue: of each client's runs of one template in one

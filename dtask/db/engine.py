@@ -6,6 +6,7 @@ import math
 import os
 import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from dtask.db import pooler
 from dtask.domain.limits import POOL_PROCESS_CONNECTIONS
 from dtask.exceptions import DatabaseUnavailable
 from dtask.settings import Settings
@@ -32,7 +34,8 @@ class Limits:
     statement_timeout: float = 60.0
     lock_timeout: float = 30.0
     idle_in_transaction_timeout: float = 60.0
-    connections: int = 4  # per engine: its pool's size, and no overflow beyond it
+    connections: int = 4  # the process's pool: its size, and no overflow beyond it
+    pooler: str = "auto"  # DTASK_DB_POOLER: "auto", "none" or "transaction"
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -42,6 +45,7 @@ class Limits:
             lock_timeout=settings.db_lock_timeout,
             idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
             connections=POOL_PROCESS_CONNECTIONS if _pool_process else settings.db_pool,
+            pooler=settings.db_pooler,
         )
 
     @property
@@ -61,46 +65,49 @@ class Limits:
             "tcp_user_timeout": int(net * 1000),
         }
 
-    def options(self) -> list[str]:
-        timeouts = {
-            "statement_timeout": self.statement_timeout,
-            "lock_timeout": self.lock_timeout,
-            "idle_in_transaction_session_timeout": self.idle_in_transaction_timeout,
+    def timeouts(self) -> dict[str, str]:
+        """PostgreSQL's settings for the bounds, in milliseconds."""
+        return {
+            "statement_timeout": str(int(self.statement_timeout * 1000)),
+            "lock_timeout": str(int(self.lock_timeout * 1000)),
+            "idle_in_transaction_session_timeout": str(
+                int(self.idle_in_transaction_timeout * 1000)
+            ),
         }
-        # psycopg prepares a statement run five times, and PostgreSQL then keeps a generic plan
-        # made with the statistics of that moment: one made when dtask_children held a hundred
-        # rows scans it whole at a hundred thousand (a child's claim and finish took twice as
-        # long until autovacuum's ANALYZE threw the plan away). Plan each execution instead.
-        return [
-            *(f"-c {name}={int(seconds * 1000)}" for name, seconds in timeouts.items()),
-            "-c plan_cache_mode=force_custom_plan",
-        ]
+
+    def options(self) -> str:
+        """The session settings sent when connecting straight to PostgreSQL. psycopg prepares
+        a statement run five times, and PostgreSQL then keeps a generic plan made with the
+        statistics of that moment: one made when dtask_children held a hundred rows scans it
+        whole at a hundred thousand (a child's claim and finish took twice as long until
+        autovacuum's ANALYZE threw the plan away). So each execution is planned instead."""
+        settings = {**self.timeouts(), "plan_cache_mode": pooler.PLANNED_EACH_TIME}
+        return " ".join(f"-c {name}={value}" for name, value in settings.items())
 
 
-_engines: dict[tuple[int, str, bool, bool, Limits], Engine] = {}
+_engines: dict[tuple[int, str, Limits], Engine] = {}
 _lock = threading.Lock()
 _pool_process = False
 
 
 def as_pool_process() -> None:
-    """This process is a worker's pool process, which runs one child at a time: its engines
-    keep POOL_PROCESS_CONNECTIONS each (what the connection budget counts on)."""
+    """This process is a worker's pool process, which runs one child at a time: its engine
+    keeps POOL_PROCESS_CONNECTIONS (what the connection budget counts on)."""
     global _pool_process
     _pool_process = True
 
 
-def engine_for(
-    url: str, durable: bool = True, owner: bool = False, limits: Limits = Limits()
-) -> Engine:
-    """The process's engine for ``url``, its connections bounded by ``limits``.
+def engine_for(url: str, limits: Limits = Limits()) -> Engine:
+    """The process's engine for ``url``: one pool of ``limits.connections`` for transactions
+    and for a child owner's single-statement writes alike (``Database.owner`` takes the same
+    connections in autocommit), so a process holds at most that many.
 
-    ``owner=True`` is for a child owner's own single-statement writes, the statements every
-    child runs: autocommit, and connections pinged only after sitting idle (the callers retry a
-    write that still finds its connection dead). With ``durable=False`` as well, its sessions
-    commit without waiting for the WAL flush (heartbeats, finish, release: losing one in a
-    crash is safe, the fence and the lease see to it). Everything else pings on every checkout
-    (pool_pre_ping), so a PostgreSQL restart never fails a client's read or a run transition."""
-    key = (os.getpid(), url, durable, owner, limits)
+    A transaction's connection is pinged before use (``PINGED``); an owner's statement's only
+    when it sat idle for PING_AFTER_IDLE: a connection alive before a PostgreSQL restart has
+    usually sat through it. When the restart was quicker, the write fails with
+    DatabaseUnavailable, SQLAlchemy drops the pool's other connections of before, and the
+    caller retries it on a fresh one."""
+    key = (os.getpid(), url, limits)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
@@ -109,38 +116,29 @@ def engine_for(
                 # the pid lets operators (and fault tests) map a backend to its process
                 "application_name": f"dtask:{os.getpid()}",
             }
-            server_options = limits.options()
-            options: dict[str, Any] = {}
-            if owner:
-                options["isolation_level"] = "AUTOCOMMIT"  # single-statement writes only
-                if not durable:
-                    server_options.append("-c synchronous_commit=off")
-            connect_args["options"] = " ".join(server_options)
             engine = create_engine(
                 url,
-                pool_pre_ping=not owner,
                 pool_use_lifo=True,  # the hot connection is reused, the spare ones go idle
                 pool_size=limits.connections,
-                max_overflow=0,  # the budget (docs/security.md) counts on this bound
+                max_overflow=0,  # the budget (docs/scaling.md) counts on this bound
                 pool_timeout=limits.pool_wait,
                 connect_args=connect_args,
-                **options,
             )
-            if owner:
-                _ping_idle_connections(engine)
+            _ping_idle_connections(engine)
+            pooler.watch(engine, limits.pooler, limits.options())
             _engines[key] = engine
         return engine
 
 
-# A lease connection that sat in the pool longer than this is pinged before use; a busy one
-# is not. A connection that was alive before a PostgreSQL restart has been idle for at least
-# the restart, so usually it gets pinged; when the restart was quicker, the write fails with
-# DatabaseUnavailable and is retried on a fresh connection.
 PING_AFTER_IDLE = 0.5
+PINGED = ContextVar("dtask_pinged", default=False)
+"""Set while a transaction takes its connection: it is pinged whatever its idle time, as
+``pool_pre_ping`` would, so a PostgreSQL restart fails no client's read or run transition."""
 
 
 def _ping_idle_connections(engine: Engine) -> None:
-    """pool_pre_ping, minus the round trip per checkout (two per short child)."""
+    """pool_pre_ping for transactions (``PINGED``); for an owner's single statements (two per
+    short child) only after the connection sat idle for PING_AFTER_IDLE."""
 
     @event.listens_for(engine, "checkin")
     def _checked_in(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
@@ -149,7 +147,9 @@ def _ping_idle_connections(engine: Engine) -> None:
     @event.listens_for(engine, "checkout")
     def _checked_out(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
         idle_since = record.info.get("idle_since")
-        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE:
+        if idle_since is None:  # connected just now
+            return
+        if not PINGED.get() and time.monotonic() - idle_since < PING_AFTER_IDLE:
             return
         try:
             engine.dialect.do_ping(dbapi_connection)

@@ -1,5 +1,5 @@
 """A run of one child that nothing competes with, run by its master's task (the worker's
-``InlineChild``): its child is taken in the split's transaction, and finished with its run in one.
+``InMaster``): its child is taken in the split's transaction, and finished with its run in one.
 What that saves over a child message is docs/benchmarks.md's "many small runs"."""
 
 from __future__ import annotations

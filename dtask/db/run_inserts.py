@@ -196,7 +196,7 @@ class RunInserts(RunReads):
             "client_max_priority": client.max_priority,
             "client_absent": client == Client(DEFAULT_CLIENT),
         }
-        with self.db.owner(durable=True) as conn:
+        with self.db.owner() as conn:
             try:
                 row = conn.execute(_INSERT_UNLIMITED, params).first()
             except OperationalError as exc:

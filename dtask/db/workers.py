@@ -6,8 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
+from sqlalchemy import Connection
+
+from dtask.db import pooler
 from dtask.db.database import Database, sql
+
+
+class ServerConnections(NamedTuple):
+    most: int  # max_connections
+    usable: int  # what non-superusers may use of them
+    in_use: int  # client backends now
+    pooled: bool  # seen through a transaction pooler: its limits, not these, bind dtask
 
 
 @dataclass(frozen=True)
@@ -83,42 +94,51 @@ class WorkerStore:
         with self.db.tx() as conn:
             conn.execute(sql("DELETE FROM dtask_workers WHERE name = :name"), {"name": name})
 
-    def server_connections(self) -> tuple[int, int]:
-        """(max_connections, how many of them non-superusers may use)."""
+    def server_connections(self) -> ServerConnections:
+        """What the server allows and holds now (as seen through a pooler, if any)."""
         with self.db.tx() as conn:
             row = conn.execute(
                 sql(
                     "SELECT current_setting('max_connections')::int AS most,"
-                    " current_setting('superuser_reserved_connections')::int AS reserved"
+                    " current_setting('superuser_reserved_connections')::int AS reserved,"
+                    " (SELECT count(*) FROM pg_stat_activity"
+                    "   WHERE backend_type = 'client backend') AS in_use"
                 )
             ).one()
-        return int(row.most), int(row.most) - int(row.reserved)
+            pooled = pooler.pooled(conn.info)
+        return ServerConnections(
+            int(row.most), int(row.most) - int(row.reserved), int(row.in_use), pooled
+        )
 
     def live(self, within: float) -> list[WorkerInfo]:
-        """Workers seen in the last ``within`` seconds, by name (read only: the dispatcher
-        asks on every pass)."""
+        """Workers seen in the last ``within`` seconds, by name (read only)."""
         with self.db.tx() as conn:
-            rows = conn.execute(
-                sql(
-                    "SELECT name, queues, slots, pid, started_at,"
-                    " extract(epoch FROM now() - seen_at) AS seen_ago, busy,"
-                    " extract(epoch FROM now() - idle_since) AS idle_for, templates"
-                    " FROM dtask_workers"
-                    " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
-                ),
-                {"within": within},
-            ).all()
-        return [
-            WorkerInfo(
-                r.name,
-                tuple(r.queues),
-                r.slots,
-                r.pid,
-                r.started_at,
-                float(r.seen_ago),
-                r.busy,
-                None if r.idle_for is None else float(r.idle_for),
-                None if r.templates is None else tuple(r.templates),
-            )
-            for r in rows
-        ]
+            return live_on(conn, within)
+
+
+def live_on(conn: Connection, within: float) -> list[WorkerInfo]:
+    """``WorkerStore.live`` on ``conn``: what the dispatcher reads inside its turn."""
+    rows = conn.execute(
+        sql(
+            "SELECT name, queues, slots, pid, started_at,"
+            " extract(epoch FROM now() - seen_at) AS seen_ago, busy,"
+            " extract(epoch FROM now() - idle_since) AS idle_for, templates"
+            " FROM dtask_workers"
+            " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
+        ),
+        {"within": within},
+    ).all()
+    return [
+        WorkerInfo(
+            r.name,
+            tuple(r.queues),
+            r.slots,
+            r.pid,
+            r.started_at,
+            float(r.seen_ago),
+            r.busy,
+            None if r.idle_for is None else float(r.idle_for),
+            None if r.templates is None else tuple(r.templates),
+        )
+        for r in rows
+    ]

@@ -21,8 +21,7 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 MAX_ATTEMPTS = 1000  # attempts of one child: each is a row write and a log line
 KEY_LENGTH = 300  # dtask_runs.trigger_key
-ENGINES = 3  # a process's engines: transactions, durable owner writes, asynchronous ones
-POOL_PROCESS_CONNECTIONS = 2  # per engine in a pool process: its child, and its heartbeat
+POOL_PROCESS_CONNECTIONS = 1  # a prefork pool process's: its child's and heartbeat's, in turn
 RESERVED_KEY_PREFIX = "schedule:"  # schedule:<name>:<slot>: a schedule's slots, not a user's
 
 
@@ -133,26 +132,37 @@ def check_key(key: str, where: str) -> str:
     return key
 
 
-def worker_connections(concurrency: int, per_engine: int) -> int:
-    """The most PostgreSQL connections a worker of ``concurrency`` pool processes can hold:
-    ``per_engine`` (DTASK_DB_POOL) on each engine of its main process, 2 on each of a pool
-    process's (it runs one child at a time). Each engine's pool stops there (no overflow)."""
-    return ENGINES * (per_engine + POOL_PROCESS_CONNECTIONS * concurrency)
+def worker_connections(concurrency: int, per_process: int, forks: bool = True) -> int:
+    """The most PostgreSQL connections a worker can hold: ``per_process`` (DTASK_DB_POOL) in
+    its main process, and with a prefork pool (``forks``) POOL_PROCESS_CONNECTIONS in each of
+    its ``concurrency`` pool processes; a threads pool's children share the main process's.
+    Each process's pool stops there (no overflow)."""
+    return per_process + (POOL_PROCESS_CONNECTIONS * concurrency if forks else 0)
 
 
-def over_budget(
-    concurrency: int, per_engine: int, others: list[int], usable: int, max_connections: int
-) -> str | None:
-    """Why a worker of ``concurrency`` must not start beside live workers of concurrencies
-    ``others`` on a server with ``usable`` connections for them, or None when they all fit."""
-    mine = worker_connections(concurrency, per_engine)
-    total = mine + sum(worker_connections(c, per_engine) for c in others)
+def over_budget(mine: int, in_use: int, usable: int, max_connections: int, how: str) -> str | None:
+    """Why a worker that may hold ``mine`` connections cannot start on a server where
+    ``in_use`` of the ``usable`` are taken now (by anyone: rows of workers that are gone hold
+    none), or None when it fits. ``how`` names the worker (its concurrency and pool)."""
+    if mine + in_use <= usable:
+        return None
+    return (
+        f"a worker of {how} may hold {mine} PostgreSQL connections; with the {in_use} in use"
+        f" that makes {mine + in_use}, over the {usable} the server's max_connections of"
+        f" {max_connections} leaves: lower --concurrency or DTASK_DB_POOL, put PgBouncer in"
+        " transaction mode in front (docs/scaling.md), or raise max_connections"
+    )
+
+
+def short_at_peak(mine: int, others: list[int], usable: int) -> str | None:
+    """Why this worker and the live ones (``others``: what each may hold) could run out of
+    connections when all are at their busiest, or None: a warning, not a refusal (a rolling
+    deploy starts new workers before the old ones leave)."""
+    total = mine + sum(others)
     if total <= usable:
         return None
-    beside = f" beside {len(others)} live worker(s)" if others else ""
     return (
-        f"a worker of concurrency {concurrency} may hold {mine} PostgreSQL connections;{beside}"
-        f" that makes {total}, over the {usable} the server's max_connections of"
-        f" {max_connections} leaves: lower --concurrency or DTASK_DB_POOL ({per_engine}),"
-        " or raise max_connections"
+        f"this worker and {len(others)} live one(s) may hold {total} PostgreSQL connections at"
+        f" their busiest, over the {usable} the server allows: a statement may then wait for"
+        " or be refused a connection (docs/scaling.md)"
     )

@@ -113,13 +113,7 @@ def store() -> Store:
             engine, migrate=resolved.settings.embedded_database or resolved.settings.auto_migrate
         )
         _migrated.add(url)
-    fresh = Store(
-        Database(
-            engine,
-            owner_engine=engine_for(url, owner=True, limits=limits),
-            owner_async_engine=engine_for(url, durable=False, owner=True, limits=limits),
-        )
-    )
+    fresh = Store(Database(engine, limits))
     _stores[key] = (resolved, fresh)
     return fresh
 
@@ -128,16 +122,13 @@ _stores: dict[tuple[int, str, Limits], tuple[Services, Store]] = {}
 
 
 def import_database_driver() -> None:
-    """Create this process's engines without connecting: SQLAlchemy imports its PostgreSQL
+    """Create this process's engine without connecting: SQLAlchemy imports its PostgreSQL
     dialect (and psycopg) on the first ``create_engine``. A worker's main process must do this
     in its main thread before it forks pool processes: a pool process forked while the reaper
     thread was inside that first import inherits the module's import lock held by a thread it
     does not have, and its first task waits on it for ever (seen with autoscale growing the
     pool and with a replaced pool process, right after the worker started)."""
-    url = database_url()
-    engine_for(url)
-    engine_for(url, owner=True)
-    engine_for(url, durable=False, owner=True)
+    engine_for(database_url())
 
 
 def current_folder_importable() -> None:

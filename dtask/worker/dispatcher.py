@@ -84,7 +84,7 @@ class Dispatcher:
             demands = turn.demands()
             if not demands:
                 return 0
-            workers = store.workers.live(settings.worker_seen_within)
+            workers = turn.live_workers(settings.worker_seen_within)
             can = can_run(workers)
             queues_out, clients_out = turn.out(can)
             for queue, waiting in demands.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,10 @@ class Loop:
         self.interval = interval
         self.slow = 10 * interval if slow is None else slow
         self.once = once
+        self.passes = 0  # passes tried
+        self.turns = 0  # passes that found the turn free (``once`` did not return None)
+        self.busy = 0.0  # seconds spent in those
+        self.longest = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"dtask {name}", daemon=True)
 
@@ -42,11 +47,18 @@ class Loop:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.passes:  # what the pass costs (bench.machines reads it)
+            log.info(
+                "%s loop: %d passes, %d with the turn, %.2f ms each, %.2f ms at most",
+                self.name, self.passes, self.turns,
+                1000 * self.busy / max(self.turns, 1), 1000 * self.longest,
+            )  # fmt: skip
 
     def _loop(self) -> None:
         wait = self.interval
         failing = ""
         while not self._stop.wait(wait):
+            began = time.perf_counter()
             try:
                 found = self.once()
             except Exception as exc:
@@ -59,7 +71,15 @@ class Loop:
                 failing, wait = error, self.slow
                 continue
             failing = ""
+            self._count(found, time.perf_counter() - began)
             wait = self.interval if found else self.slow
+
+    def _count(self, found: int | None, seconds: float) -> None:
+        self.passes += 1
+        if found is not None:
+            self.turns += 1
+            self.busy += seconds
+            self.longest = max(self.longest, seconds)
 
 
 def in_worker(loops: Sequence[Loop]) -> None:

@@ -18,7 +18,7 @@ from celery.utils.text import str_to_list
 
 from dtask import services
 from dtask.db.engine import as_pool_process
-from dtask.domain.limits import over_budget
+from dtask.domain.limits import over_budget, short_at_peak, worker_connections
 from dtask.domain.templates import registry as templates
 from dtask.domain.tiers import base_queue
 from dtask.exceptions import DtaskError
@@ -90,6 +90,7 @@ def before_start(
             raise SystemExit(2)
     elif app in scope.lowered and not _on_command_line("prefetch_multiplier"):
         _stock_prefetch = True  # none of dtask's work here: Celery's default (at worker_init)
+    _check_pool(options, conf)
     _check_connections(str(sender or ""), options, conf)
     resolved = services.current().settings
     if resolved.embedded_database:
@@ -125,9 +126,27 @@ def _consumes_dtask(consumed: Iterable[str]) -> bool:
     return any(base_queue(name) in own for name in consumed)
 
 
+GREEN_POOLS = ("gevent", "eventlet")
+
+
+def _check_pool(options: dict[str, Any], conf: Any) -> None:
+    """Refuse a green-thread pool in one line: a child's heartbeat is a thread of its own and
+    its PostgreSQL calls block, so on one hub a busy child would starve its own lease."""
+    pool = _pool_name(options.get("pool") or conf.worker_pool)
+    if pool in GREEN_POOLS:
+        print(
+            f"dtask worker: -P {pool} cannot run dtask's children (their heartbeats and"
+            " PostgreSQL calls block the hub, so a busy child would lose its lease): use"
+            " -P prefork (the default) or -P threads",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
+
+
 def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
-    """Refuse to start where this worker and the live ones could together hold more
-    PostgreSQL connections than the server allows (each pool stops at its size)."""
+    """Refuse to start where this worker's connections (each pool stops at its size) do not
+    fit beside those in use now; warn where the live workers at their busiest would not."""
     autoscale = options.get("autoscale")
     concurrency = int(
         (str(autoscale).split(",")[0] if autoscale else None)
@@ -136,20 +155,40 @@ def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
         or os.cpu_count()
         or 1
     )
+    pool = _pool_name(options.get("pool") or conf.worker_pool)
+    forks = pool == "prefork"
     try:
         resolved = services.current().settings
         store = services.store()
-        most, usable = store.workers.server_connections()
+        server = store.workers.server_connections()
         others = [
-            w.slots for w in store.workers.live(resolved.worker_seen_within) if w.name != name
+            worker_connections(w.slots, resolved.db_pool)
+            for w in store.workers.live(resolved.worker_seen_within)
+            if w.name != name
         ]
     except DtaskError as exc:  # PostgreSQL is down: the worker waits for it like any other
         log.warning("dtask: cannot check the PostgreSQL connection budget now: %s", exc)
         return
-    refusal = over_budget(concurrency, resolved.db_pool, others, usable, most)
+    if server.pooled:  # the pooler's limits bind, and pg_stat_activity shows its server's
+        return
+    mine = worker_connections(concurrency, resolved.db_pool, forks)
+    how = f"concurrency {concurrency} ({pool} pool, DTASK_DB_POOL {resolved.db_pool})"
+    refusal = over_budget(mine, server.in_use, server.usable, server.most, how)
     if refusal is not None:
         print(f"dtask worker: {refusal}", file=sys.stderr, flush=True)
         raise SystemExit(2)
+    warning = short_at_peak(mine, others, server.usable)
+    if warning is not None:
+        log.warning("dtask: %s", warning)
+
+
+def _pool_name(pool: Any) -> str:
+    """Celery's name of a pool given as a name, an alias or (by then, often) its class."""
+    if isinstance(pool, type):
+        name = pool.__module__.rsplit(".", 1)[-1]  # celery.concurrency.<name>.TaskPool
+    else:
+        name = str(pool or "prefork").rsplit(":", 1)[-1].rsplit(".", 1)[-1].lower()
+    return {"processes": "prefork", "thread": "threads"}.get(name, name)
 
 
 def _as_pool_process(**_: Any) -> None:

@@ -4,6 +4,8 @@ the other is the fake drifting from the truth."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from dtask import services
@@ -20,5 +22,8 @@ def world(request: pytest.FixtureRequest) -> worlds.World:
 
 
 @pytest.fixture
-def dispatching(world: worlds.World) -> Dispatching:
-    return Dispatching(world)
+def dispatching(world: worlds.World) -> Iterator[Dispatching]:
+    made = Dispatching(world)
+    yield made
+    for name in made.reported:  # a later test's queues are its own, but its slots too
+        world.workers.leave(name)

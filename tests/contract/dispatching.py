@@ -6,16 +6,16 @@ slot and the order children leave in is the store's and ``plan``'s alone."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from dtask import services
-from dtask.db import Claim, WorkerInfo
+from dtask.db import Claim
 from dtask.db.recovery import Redispatch
 from dtask.domain.dispatch import Passes
 from dtask.settings import Settings
@@ -30,14 +30,6 @@ class NoBroker(Sender):
         return None
 
 
-@dataclass
-class Live:
-    workers: list[WorkerInfo]
-
-    def live(self, within: float) -> list[WorkerInfo]:
-        return list(self.workers)
-
-
 @dataclass(frozen=True)
 class Published:
     run_id: int
@@ -50,8 +42,8 @@ class Published:
 class Dispatching:
     world: World
     settings: Settings = field(default_factory=lambda: Settings(lease_ttl=8.0))
-    workers: list[WorkerInfo] = field(default_factory=list)
     passes: dict[str, Passes] = field(default_factory=dict)
+    reported: list[str] = field(default_factory=list)  # the workers it declared live
     sent: list[Published] = field(default_factory=list)
     worked: int = 0  # of ``sent``, how many a worker has taken
     running: list[tuple[int, Claim]] = field(default_factory=list)  # (run, claim) held
@@ -59,14 +51,13 @@ class Dispatching:
     def worker(self, *queues: str, slots: int = 1, templates: Iterable[str] | None = None) -> None:
         """A live worker of ``queues`` with ``slots`` pool processes, that can run
         ``templates`` (None: it did not say)."""
-        known = None if templates is None else tuple(templates)
-        name = f"w{len(self.workers)}@contract"
-        now = datetime.now(UTC)
-        self.workers.append(WorkerInfo(name, tuple(queues), slots, 0, now, 0.0, templates=known))
+        name = f"w{uuid.uuid4().hex[:12]}@contract"
+        self.world.workers.report(name, queues, slots, 0, 0, templates)
+        self.reported.append(name)
 
     def once(self) -> list[tuple[int, int]]:
         """One pass: the children it sent, (run, index), in the order they left."""
-        store = SimpleNamespace(dispatch=self.world.dispatch, workers=Live(self.workers))
+        store = SimpleNamespace(dispatch=self.world.dispatch, workers=self.world.workers)
         resolved = services.Services(self.settings, "memory://", "memory://", "memory://")
         published: list[Published] = []
 

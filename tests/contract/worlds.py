@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import text
 
-from dtask.db import ChildView, Claim, Finished, Refusal, RunRecord, Store
+from dtask.db import ChildView, Claim, Finished, Refusal, RunRecord, Store, WorkerInfo
 from dtask.db.dispatch import Out
 from dtask.db.inline import Inline
 from dtask.db.recovery import Redispatch
@@ -95,12 +95,27 @@ class Pass(Protocol):
     ) -> tuple[dict[str | None, Out], dict[str, int]]: ...
     def shares(self, names: set[str], out: dict[str, int]) -> dict[str, Share]: ...
     def take(self, run_id: int, count: int) -> list[Redispatch]: ...
+    def live_workers(self, within: float) -> list[WorkerInfo]: ...
 
 
 class Dispatch(Protocol):
     def turn(
         self, hold_for: float = ..., wait: float = ...
     ) -> AbstractContextManager[Pass | None]: ...
+
+
+class Workers(Protocol):
+    def report(
+        self,
+        name: str,
+        queues: Sequence[str],
+        slots: int,
+        pid: int,
+        busy: int,
+        templates: Sequence[str] | None = None,
+    ) -> None: ...
+    def leave(self, name: str) -> None: ...
+    def live(self, within: float) -> list[WorkerInfo]: ...
 
 
 class Clients(Protocol):
@@ -125,6 +140,7 @@ class World:
     dispatch: Dispatch
     clients: Clients
     recovery: Recovery
+    workers: Workers
     force: Callable[[int, RunState], None]  # the run's state set, nothing settled
 
     def client(self, **limits: Any) -> str:
@@ -227,7 +243,7 @@ def memory() -> World:
 
     return World(
         "memory", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, force,
+        store.recovery, store.workers, force,
     )  # fmt: skip
 
 
@@ -260,5 +276,5 @@ def postgresql(store: Store) -> World:
 
     return World(
         "postgresql", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, force,
+        store.recovery, store.workers, force,
     )  # fmt: skip

@@ -18,8 +18,8 @@ LIMITS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_time
 
 def test_the_store_s_sessions_have_the_default_limits(dtask_env: dict[str, str]) -> None:
     db = services.store().db
-    for engine in (db.engine, db.owner_engine, db.owner_async_engine):
-        with engine.connect() as conn:
+    for connect in (db.tx, db.owner):
+        with connect() as conn:
             shown = {name: conn.execute(text(f"SHOW {name}")).scalar() for name in LIMITS}
             params = conn.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
         assert shown == {

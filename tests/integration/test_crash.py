@@ -31,13 +31,12 @@ def crashable(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         schema.upgrade(engine_for(url))
         yield home, url
     finally:
-        for durable, owner in ((True, False), (True, True), (False, True)):
-            engine_for(url, durable=durable, owner=owner).dispose()
+        engine_for(url).dispose()
         embedded.stop(home)
 
 
-def fence(engine: Engine, run_id: int) -> int:
-    with engine.connect() as conn:
+def fence(store: Store, run_id: int) -> int:
+    with store.db.tx() as conn:
         value = conn.execute(
             text("SELECT fence FROM dtask_children WHERE run_id = :r"), {"r": run_id}
         ).scalar_one()
@@ -46,13 +45,7 @@ def fence(engine: Engine, run_id: int) -> int:
 
 def test_a_claimed_fence_survives_a_crash(crashable: tuple[Path, str]) -> None:
     home, url = crashable
-    store = Store(
-        Database(
-            engine_for(url),
-            owner_engine=engine_for(url, owner=True),
-            owner_async_engine=engine_for(url, durable=False, owner=True),
-        )
-    )
+    store = Store(Database(engine_for(url)))
     run_id, _ = store.runs.create(NewRun("print_range", f"crash:{uuid.uuid4()}", {"n": 1}, 3, None))
     store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])
     store.runs.dispatch(run_id, lambda run, todo: None)
@@ -60,10 +53,38 @@ def test_a_claimed_fence_survives_a_crash(crashable: tuple[Path, str]) -> None:
     assert isinstance(claim, Claim) and claim.fence == 1
     store.children.renew_lease(claim, 30)  # asynchronous writes may be lost: that is allowed
     embedded.restart_postgres(home, crash=True)
-    assert fence(store.engine, run_id) == 1
+    assert fence(store, run_id) == 1
     sql("UPDATE dtask_children SET lease_expires_at = now() - interval '1 s'", store.engine)
     again = retried(lambda: store.children.claim(run_id, 0, "owner:2", 30))
     assert isinstance(again, Claim) and again.fence == 2
+
+
+def test_an_owner_s_lease_write_is_not_waited_for_and_its_checkpoint_is(
+    crashable: tuple[Path, str],
+) -> None:
+    """Both go on the same pooled connection: the asynchronous commit is the statement's own
+    setting, and nothing of it stays on the session."""
+    _, url = crashable
+    store = Store(Database(engine_for(url)))
+    run_id, _ = store.runs.create(NewRun("print_range", f"lsn:{uuid.uuid4()}", {"n": 1}, 3, None))
+    store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])
+    store.runs.dispatch(run_id, lambda run, todo: None)
+    claim = store.children.claim(run_id, 0, "owner:1", 30)
+    assert isinstance(claim, Claim)
+
+    def flushed_after(write: Callable[[], object]) -> bool:
+        write()
+        with store.db.owner() as conn:
+            assert conn.execute(text("SHOW synchronous_commit")).scalar() == "on"
+            return bool(
+                conn.execute(
+                    text("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()")
+                ).scalar()
+            )
+
+    assert not flushed_after(lambda: store.children.renew_lease(claim, 30))
+    assert flushed_after(lambda: store.children.checkpoint(claim, {"done": 1}, 30))
+    assert not flushed_after(lambda: store.children.renew_lease(claim, 30))
 
 
 def retried(call: Callable[[], T]) -> T:

@@ -252,9 +252,9 @@ class MemoryStore:
         self.tables = tables or Tables()
         self.children = MemoryChildren(self.tables)
         self.runs = MemoryRuns(self.tables)
-        self.dispatch = MemoryDispatch(self.tables)
-        self.clients = MemoryClients(self.tables)
         self.workers = MemoryWorkers()
+        self.dispatch = MemoryDispatch(self.tables, self.workers)
+        self.clients = MemoryClients(self.tables)
         self.recovery = MemoryRecovery(self.tables)
 
     def row(self, run_id: int, index: int) -> ChildRow:

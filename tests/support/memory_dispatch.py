@@ -8,7 +8,7 @@ clients' rows and the live workers the dispatcher reads."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +42,9 @@ class MemoryPass:
 
     def idle_too_long(self) -> bool:
         return self.t.clock() - self.touched > self.hold_for
+
+    def live_workers(self, within: float) -> list[WorkerInfo]:
+        return self.d.workers.live(within)
 
     def lose(self) -> None:
         """The transaction ends unfinished: what it wrote is rolled back, the turn is free."""
@@ -151,8 +154,9 @@ def _order(run: RunRow) -> tuple[int, bool, datetime, int]:
 class MemoryDispatch:
     """``DispatchStore``: ``holder`` is the pass holding the turn (the advisory lock)."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, workers: MemoryWorkers) -> None:
         self.t = tables
+        self.workers = workers
         self.holder: MemoryPass | None = None
 
     def _try(self, mine: MemoryPass) -> bool:
@@ -203,6 +207,24 @@ class MemoryWorkers:
 
     def __init__(self) -> None:
         self.up: list[WorkerInfo] = []
+
+    def report(
+        self,
+        name: str,
+        queues: Sequence[str],
+        slots: int,
+        pid: int,
+        busy: int,
+        templates: Sequence[str] | None = None,
+    ) -> None:
+        known = None if templates is None else tuple(sorted(templates))
+        now = datetime.now(UTC)
+        self.up = [w for w in self.up if w.name != name]
+        info = WorkerInfo(name, tuple(sorted(queues)), slots, pid, now, 0.0, busy, None, known)
+        self.up.append(info)
+
+    def leave(self, name: str) -> None:
+        self.up = [w for w in self.up if w.name != name]
 
     def live(self, within: float) -> list[WorkerInfo]:
         return sorted(self.up, key=lambda w: w.name)

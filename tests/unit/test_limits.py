@@ -18,6 +18,7 @@ from dtask.domain.limits import (
     check_key,
     json_bytes,
     over_budget,
+    short_at_peak,
     text_problem,
     worker_connections,
 )
@@ -130,22 +131,28 @@ def test_a_checkpoint_over_its_limit_or_not_json_fails_the_attempt_and_writes_no
     assert written == [{"done": 1}] and ctx.checkpoint_state == {"done": 1}
 
 
-def test_a_worker_s_connections_are_its_main_process_s_engines_and_two_per_pool_engine() -> None:
-    assert worker_connections(concurrency=2, per_engine=4) == 3 * 4 + 3 * 2 * 2 == 24
-    assert worker_connections(concurrency=0, per_engine=2) == 6
+def test_a_worker_s_connections_are_its_main_process_s_pool_and_one_per_pool_process() -> None:
+    assert worker_connections(concurrency=8, per_process=4) == 4 + 8 == 12
+    assert worker_connections(concurrency=64, per_process=4, forks=False) == 4
+    assert worker_connections(concurrency=0, per_process=2) == 2
 
 
-@given(
-    st.integers(1, 64),
-    st.integers(2, 50),
-    st.lists(st.integers(1, 64), max_size=20),
-    st.integers(1, 10_000),
-)
-def test_a_worker_is_refused_exactly_when_the_workers_could_exceed_the_server(
-    concurrency: int, per_engine: int, others: list[int], usable: int
+@given(st.integers(1, 500), st.integers(0, 10_000), st.integers(1, 10_000))
+def test_a_worker_is_refused_exactly_when_it_does_not_fit_beside_the_connections_in_use(
+    mine: int, in_use: int, usable: int
 ) -> None:
-    total = sum(worker_connections(c, per_engine) for c in [concurrency, *others])
-    refusal = over_budget(concurrency, per_engine, others, usable, usable + 3)
-    assert (refusal is None) == (total <= usable)
+    refusal = over_budget(mine, in_use, usable, usable + 3, "concurrency 8 (prefork pool)")
+    assert (refusal is None) == (mine + in_use <= usable)
     if refusal is not None:
-        assert f"that makes {total}, over the {usable}" in refusal and "\n" not in refusal
+        assert f"that makes {mine + in_use}, over the {usable}" in refusal and "\n" not in refusal
+        assert refusal.startswith(f"a worker of concurrency 8 (prefork pool) may hold {mine} ")
+
+
+@given(st.integers(1, 500), st.lists(st.integers(1, 500), max_size=20), st.integers(1, 10_000))
+def test_live_workers_that_could_exceed_the_server_at_their_busiest_are_a_warning(
+    mine: int, others: list[int], usable: int
+) -> None:
+    warning = short_at_peak(mine, others, usable)
+    assert (warning is None) == (mine + sum(others) <= usable)
+    if warning is not None:
+        assert f"{len(others)} live one(s) may hold {mine + sum(others)}" in warning
