@@ -72,10 +72,12 @@ class Workers:
                     )
                 time.sleep(0.1)
 
-    def dtask(self, concurrency: int, hostname: str | None = None) -> subprocess.Popen[bytes]:
+    def dtask(
+        self, concurrency: int, hostname: str | None = None, *extra: str
+    ) -> subprocess.Popen[bytes]:
         name = hostname or f"bench{self.spawned + 1}@%h"
         dtask_bin = str(Path(sys.executable).with_name("dtask"))
-        argv = [dtask_bin, "worker", "-c", str(concurrency), "-n", name, *WORKER_FLAGS]
+        argv = [dtask_bin, "worker", "-c", str(concurrency), "-n", name, *extra, *WORKER_FLAGS]
         return self._spawn(argv, "dtask")
 
     def raw(self, concurrency: int) -> subprocess.Popen[bytes]:

@@ -150,7 +150,6 @@ class InMaster(Delivery):
 
     def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
         super().__init__(run_id, index, template, claim.spec, claim)
-        self.claim = claim
         self.finished_run = False
 
     def run(self) -> None:
@@ -171,12 +170,11 @@ class InMaster(Delivery):
             store.children.finish(claim, checkpoint, result)
             return
         chained: list[int] = []
-        released = services.store().runs.finish_alone(
-            self.run_id, claim, checkpoint, result, chained
-        )
+        whole = services.store()  # its runs finish alone; a LifecycleStore's only finalize
+        released = whole.runs.finish_alone(self.run_id, claim, checkpoint, result, chained)
         self.finished_run = released is not None
         if chained:
-            chains.after_finish(services.store(), self.run_id)
+            chains.after_finish(whole, self.run_id)
         if released:
             start_released(self.run_id, released)
 
@@ -193,8 +191,10 @@ class InMaster(Delivery):
 
     def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
         store = services.store()
+        claim = self.taken
+        assert claim is not None  # a master's split takes its child
         with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
-            store.children.unclaim(self.claim)
+            store.children.unclaim(claim)
         hand_over(store, self.run_id, self.template, [(self.index, self.spec)], countdown)
         raise Ignore()
 
