@@ -15,6 +15,7 @@ import pytest
 from dtask import services
 from dtask.services import embedded
 from tests.conftest import DTASK, REPO
+from tests.support import ports
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -27,7 +28,8 @@ def up(tmp_path: Path, dtask_env: dict[str, str]) -> Iterator[tuple[dict[str, st
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [DTASK, "up", "--workers", "1", "--no-flower", "--no-beat"],
+            [DTASK, "up", "--workers", "1", "--no-flower", "--no-beat",
+             "--api-port", str(ports.free_port())],
             env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:

@@ -20,6 +20,7 @@ import pytest
 
 import dtask
 from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.support import ports
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -144,7 +145,8 @@ def test_dtask_up_then_ctrl_c_leaves_no_process_behind(
     env = {**dtask_env, "DTASK_HOME": str(home)}
     out = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
-        [DTASK, "up", "--workers", "2", "--flower-port", "5598"],
+        [DTASK, "up", "--workers", "2", "--flower-port", str(ports.free_port()),
+         "--api-port", str(ports.free_port())],
         env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:

@@ -18,13 +18,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.support.ports import free_port
+
 BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def require() -> None:
