@@ -15,7 +15,7 @@ MINUTES ?= 10
 SEED ?= 1
 DISPATCH ?= window
 
-.PHONY: install demo test test-floor lint typecheck unit bench bench-big soak clean chromium pgbouncer
+.PHONY: install demo test test-floor lint typecheck unit bench bench-big soak cluster clean chromium pgbouncer
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,7 +70,7 @@ pgbouncer:
 # The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
-TEST_PROCESSES ?= 3
+TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
 
 # Part of `make test` (and 26 s the first time for its venv): the unit tests, the late chord
@@ -80,7 +80,10 @@ test-floor: $(FLOOR_STAMP)
 	@$(FLOOR)/bin/python -c "import celery, kombu; print('floor: celery', celery.__version__, 'kombu', kombu.__version__)"
 	$(FLOOR)/bin/pytest -q $(XDIST) $(FLOOR_TESTS)
 
-test: lint typecheck chromium pgbouncer test-floor
+# lint, typecheck and the floor's run side by side (their output one after another), then the
+# whole suite
+test: chromium pgbouncer
+	$(MAKE) --no-print-directory -j 3 -O lint typecheck test-floor
 	$(BIN)/pytest -q --durations=25 $(XDIST)
 
 $(BENCH_STAMP): $(STAMP)
@@ -111,6 +114,14 @@ bench-big: $(BENCH_STAMP)
 # Not part of `make test` (its 2-minute version is: tests/acceptance/test_soak.py, `-m soak`):
 # MINUTES of random faults, then the invariants and per-fault recovery as a table; exit 1 if
 # an invariant breaks. Logs and sink files stay in the temp dir it prints.
+# Not part of `make test` (about 5 minutes): 16 workers (64 slots) on one stock PostgreSQL, then
+# 256 slots behind PgBouncer, a quarter of the workers SIGKILLed mid-run in each; the tables
+# and plot in docs/scaling.md come from it (bench/out/machines-*.md, docs/benchmarks/machines.png).
+cluster: $(BENCH_STAMP) pgbouncer
+	$(BIN)/python -m bench.machines --profile direct
+	$(BIN)/python -m bench.machines --profile pgbouncer
+	$(BIN)/python -m bench.machines_plot
+
 soak: $(STAMP)
 	$(BIN)/python -m soak.run --minutes $(MINUTES) --seed $(SEED) --dispatch $(DISPATCH)
 

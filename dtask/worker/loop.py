@@ -49,7 +49,7 @@ class Loop:
         self._stop.set()
         if self.passes:  # what the pass costs (bench.machines reads it)
             log.info(
-                "%s loop: %d passes, %d with the turn, %.2f ms each, %.2f ms at most",
+                "%s loop: %d passes, %d not refused the turn, %.2f ms each, %.2f ms at most",
                 self.name, self.passes, self.turns,
                 1000 * self.busy / max(self.turns, 1), 1000 * self.longest,
             )  # fmt: skip
