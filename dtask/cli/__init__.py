@@ -6,7 +6,10 @@ never a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -41,11 +44,19 @@ def _templates_option(argv: list[str]) -> list[str]:
     return rest
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints where each thread of a command that seems stuck is (where
+    stderr is a file: not when main() runs inside a test's captured output)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _templates_option(list(sys.argv[1:] if argv is None else argv))
     try:
         if argv[:1] == ["worker"]:  # every other option goes to `celery worker` as it is
             return services.run_worker(argv[1:])
+        _stacks_on_sigusr1()
         args = parser().parse_args(argv)
         code: int = args.handler(args)
         return code

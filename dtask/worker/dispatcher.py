@@ -144,5 +144,25 @@ def nudge() -> None:
         log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
 
 
+PASS_SLOT = "pass:dispatcher"
+
+
 def loop(settings: Settings) -> Loop:
-    return Loop("dispatcher", settings.dispatch_interval, _here.once)
+    """One pass a dispatch interval in the whole cluster while passes find work, one in ten
+    intervals while they find none, whatever the number of workers: a pass first takes the
+    cluster's next slot (one statement), and a pass that found nothing puts the next slot ten
+    intervals away. The others find the slot taken and ask again at the slow pace (ten
+    intervals): an idle worker costs PostgreSQL that one statement, not a pass. A split's
+    ``nudge`` passes at once, slot or not."""
+    slow = 10 * settings.dispatch_interval
+
+    def once() -> int | None:
+        leases = services.store().leases
+        if not leases.due(PASS_SLOT, settings.dispatch_interval):
+            return None  # the cluster's pass this slot is another worker's
+        found = _here.once()
+        if found == 0:
+            leases.next_due_in(PASS_SLOT, slow)
+        return found
+
+    return Loop("dispatcher", settings.dispatch_interval, once, slow=slow)

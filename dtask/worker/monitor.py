@@ -32,8 +32,14 @@ def limits() -> Limits:
     )
 
 
+PASS_SLOT = "pass:monitor"
+
+
 def once() -> int:
-    """One pass; how many alerts opened or closed."""
+    """One pass, if the cluster's next one is this worker's (at most one an interval in the
+    whole cluster); how many alerts opened or closed."""
+    if not services.store().leases.due(PASS_SLOT, 0.9 * INTERVAL):
+        return 1  # another worker's pass is the cluster's: the same pace
     settings = services.current().settings
     bounds = limits()
     changes = services.store().alerts.judge(

@@ -281,11 +281,19 @@ def _resend_queue(
     return resent
 
 
+PASS_SLOT = "pass:reaper"
+
+
 def once() -> int:
-    """This worker's report, then a pass if it holds the reaper's turn (the loop's pace is the
-    same either way: a reaper never slows down)."""
+    """This worker's report, then a pass if the cluster's next one is due and this worker gets
+    it (at most one a reaper interval in the whole cluster, whatever the number of workers;
+    the pass itself still takes the reaper's turn). The loop's pace is the same either way."""
     failures.guard("reporting this worker", None, presence.report)
-    reap_once()
+    # a little under the interval: the worker that took the last slot finds the next one free
+    interval = services.current().settings.reaper_interval
+    due = partial(services.store().leases.due, PASS_SLOT, 0.9 * interval)
+    if failures.guard("taking the reaper's slot", None, due):
+        reap_once()
     return 1
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -114,17 +115,51 @@ def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
     assert proc.stderr is not None
     first = proc.stderr.readline()  # "run N submitted": it waits from here on
     assert first.endswith("submitted\n"), first
-    proc.send_signal(signal.SIGINT)
-    try:
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()  # no-op once it has exited; otherwise its pipes would outlive the test
-        proc.communicate()
+    out, err = _interrupt(proc)
     assert proc.returncode == 130, (out, err)
     run_id = _latest_print_range_pending()
     assert f"run {run_id} goes on: `dtask status {run_id} --watch` follows it" in err
     assert "Traceback" not in err
     dtask.get_run(run_id).cancel()
+
+
+def test_sigusr1_prints_where_a_waiting_command_is_and_it_waits_on(
+    dtask_env: dict[str, str],
+) -> None:
+    proc = subprocess.Popen(
+        [DTASK, "submit", "print_range", "-v", "n=5", "--wait"], env=dtask_env, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_on_a_terminal,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        assert proc.stderr.readline().endswith("submitted\n")
+        proc.send_signal(signal.SIGUSR1)
+        lines = [proc.stderr.readline() for _ in range(3)]
+        assert any(line.startswith(("Current thread", "Thread 0x")) for line in lines), lines
+        assert proc.poll() is None  # still waiting
+    finally:
+        _interrupt(proc)
+    assert proc.returncode == 130
+    run_id = _latest_print_range_pending()
+    if run_id is not None:
+        dtask.get_run(run_id).cancel()
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Ctrl-C, and its output once it has exited; where it has not within 60 s, where each of
+    its threads is (SIGUSR1) goes into the failure."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)  # faulthandler writes from the signal handler, at once
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s after Ctrl-C:\n{err[-6000:]}") from None
+    finally:
+        proc.kill()  # no-op once it has exited; otherwise its pipes would outlive the test
+        proc.communicate()
 
 
 def _as_on_a_terminal() -> None:
