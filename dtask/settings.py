@@ -320,10 +320,10 @@ class Settings(BaseSettings):
         ge=2,
         le=1000,
         description=(
-            "PostgreSQL connections a process may hold: a worker's main process (and with "
-            "`-P threads`, its children too) and every client; a prefork pool process holds 1. "
-            "A worker that would take the server past `max_connections` refuses to start "
-            "(docs/scaling.md)"
+            "PostgreSQL connections a process may hold: a client, `dtask serve`, and a worker "
+            "with `-P threads` (its children share them) or `-P solo`; a prefork worker's main "
+            "process holds 2 and each pool process 1. A worker that would take the server "
+            "past `max_connections` refuses to start (docs/scaling.md)"
         ),
     )
     db_pooler: Literal["auto", "none", "transaction"] = Field(

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from dtask.db import pooler
-from dtask.domain.limits import POOL_PROCESS_CONNECTIONS
+from dtask.domain.limits import MAIN_PROCESS_CONNECTIONS, POOL_PROCESS_CONNECTIONS
 from dtask.exceptions import DatabaseUnavailable
 from dtask.settings import Settings
 
@@ -44,7 +44,7 @@ class Limits:
             statement_timeout=settings.db_statement_timeout,
             lock_timeout=settings.db_lock_timeout,
             idle_in_transaction_timeout=settings.db_idle_in_transaction_timeout,
-            connections=POOL_PROCESS_CONNECTIONS if _pool_process else settings.db_pool,
+            connections=_own_size or settings.db_pool,
             pooler=settings.db_pooler,
         )
 
@@ -87,14 +87,25 @@ class Limits:
 
 _engines: dict[tuple[int, str, Limits], Engine] = {}
 _lock = threading.Lock()
-_pool_process = False
+_own_size: int | None = None  # this process's pool size where its role sets one
 
 
 def as_pool_process() -> None:
     """This process is a worker's pool process, which runs one child at a time: its engine
     keeps POOL_PROCESS_CONNECTIONS (what the connection budget counts on)."""
-    global _pool_process
-    _pool_process = True
+    global _own_size
+    _own_size = POOL_PROCESS_CONNECTIONS
+
+
+def as_prefork_main() -> None:
+    """This process is the main process of a prefork worker, whose children run in its pool
+    processes: its loops share MAIN_PROCESS_CONNECTIONS. An engine it made before (at start-up)
+    is closed, so none of its connections outlives the change."""
+    global _own_size
+    _own_size = MAIN_PROCESS_CONNECTIONS
+    with _lock:
+        for key in [k for k in _engines if k[0] == os.getpid()]:
+            _engines.pop(key).dispose()
 
 
 def engine_for(url: str, limits: Limits = Limits()) -> Engine:

@@ -22,6 +22,7 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 MAX_ATTEMPTS = 1000  # attempts of one child: each is a row write and a log line
 KEY_LENGTH = 300  # dtask_runs.trigger_key
 POOL_PROCESS_CONNECTIONS = 1  # a prefork pool process's: its child's and heartbeat's, in turn
+MAIN_PROCESS_CONNECTIONS = 2  # a prefork worker's main process's: its loops', in turn
 RESERVED_KEY_PREFIX = "schedule:"  # schedule:<name>:<slot>: a schedule's slots, not a user's
 
 
@@ -133,11 +134,13 @@ def check_key(key: str, where: str) -> str:
 
 
 def worker_connections(concurrency: int, per_process: int, forks: bool = True) -> int:
-    """The most PostgreSQL connections a worker can hold: ``per_process`` (DTASK_DB_POOL) in
-    its main process, and with a prefork pool (``forks``) POOL_PROCESS_CONNECTIONS in each of
-    its ``concurrency`` pool processes; a threads pool's children share the main process's.
-    Each process's pool stops there (no overflow)."""
-    return per_process + (POOL_PROCESS_CONNECTIONS * concurrency if forks else 0)
+    """The most PostgreSQL connections a worker can hold: with a prefork pool (``forks``),
+    MAIN_PROCESS_CONNECTIONS in its main process and POOL_PROCESS_CONNECTIONS in each of its
+    ``concurrency`` pool processes; with a threads pool, whose children share the main
+    process's pool, ``per_process`` (DTASK_DB_POOL). Each pool stops there (no overflow)."""
+    if forks:
+        return MAIN_PROCESS_CONNECTIONS + POOL_PROCESS_CONNECTIONS * concurrency
+    return per_process
 
 
 def over_budget(mine: int, in_use: int, usable: int, max_connections: int, how: str) -> str | None:

@@ -17,7 +17,7 @@ from celery.signals import celeryd_after_setup, worker_init, worker_process_init
 from celery.utils.text import str_to_list
 
 from dtask import services
-from dtask.db.engine import as_pool_process
+from dtask.db.engine import as_pool_process, as_prefork_main
 from dtask.domain.limits import over_budget, short_at_peak, worker_connections
 from dtask.domain.templates import registry as templates
 from dtask.domain.tiers import base_queue
@@ -70,6 +70,8 @@ def before_start(
         return  # another app's worker: stock Celery
     events.add_step(instance)
     options = options or {}
+    if _pool_name(options.get("pool") or conf.worker_pool) == "prefork":
+        as_prefork_main()  # before any store of this process: its loops share two connections
     _load_templates()
     queues = app.amqp.queues
     # Celery's Queues keeps the set a worker without -Q consumes as it was when made: add()
@@ -172,7 +174,9 @@ def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
     if server.pooled:  # the pooler's limits bind, and pg_stat_activity shows its server's
         return
     mine = worker_connections(concurrency, resolved.db_pool, forks)
-    how = f"concurrency {concurrency} ({pool} pool, DTASK_DB_POOL {resolved.db_pool})"
+    how = f"concurrency {concurrency} ({pool} pool" + (
+        ")" if forks else f", DTASK_DB_POOL {resolved.db_pool})"
+    )
     refusal = over_budget(mine, server.in_use, server.usable, server.most, how)
     if refusal is not None:
         print(f"dtask worker: {refusal}", file=sys.stderr, flush=True)

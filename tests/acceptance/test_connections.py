@@ -1,7 +1,8 @@
 """The PostgreSQL connection budget on a stock server (max_connections 100, as the embedded
 one): what busy workers really hold stays within what the budget counts for them (a pool
-process 1, a main process DTASK_DB_POOL), three `-c 8` workers start beside each other, rows of
-workers that are gone refuse nobody, and a worker that cannot fit refuses to start in one line."""
+process 1, a prefork main process 2: C + 2 a worker), three `-c 8` workers start beside each
+other, rows of workers that are gone refuse nobody, and a worker that cannot fit refuses to
+start in one line."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ import pytest
 import dtask
 from dtask import services
 from dtask.db.database import sql
-from dtask.domain.limits import POOL_PROCESS_CONNECTIONS, worker_connections
+from dtask.domain.limits import (
+    MAIN_PROCESS_CONNECTIONS,
+    POOL_PROCESS_CONNECTIONS,
+    worker_connections,
+)
 from tests.conftest import DTASK, WorkerProcess
 
 pytestmark = pytest.mark.acceptance
@@ -77,10 +82,10 @@ def test_three_busy_c8_workers_fit_a_stock_postgresql_and_hold_what_the_budget_c
             assert run.wait(timeout=300).state is dtask.RunState.SUCCEEDED
         per_process = services.current().settings.db_pool
         for main, pool in zip(mains, pools, strict=True):
-            assert 0 < most.get(main.pid, 0) <= per_process, most
+            assert 0 < most.get(main.pid, 0) <= MAIN_PROCESS_CONNECTIONS, most
             assert all(most.get(pid, 0) <= POOL_PROCESS_CONNECTIONS for pid in pool), most
             held = sum(most.get(pid, 0) for pid in [main.pid, *pool])
-            assert held <= worker_connections(8, per_process)
+            assert held <= worker_connections(8, per_process) == 8 + 2
         assert sum(most.get(pid, 0) > 0 for pool in pools for pid in pool) >= 8  # work spread
         print(
             "\nmost connections held per worker (main + pool processes):",
@@ -124,8 +129,8 @@ def test_a_worker_that_cannot_fit_beside_the_connections_in_use_refuses_to_start
     dtask_env: dict[str, str],
 ) -> None:
     refused = subprocess.run(
-        [DTASK, "worker", "-c", "2"],
-        env={**dtask_env, "DTASK_DB_POOL": "200"},
+        [DTASK, "worker", "-c", "200"],  # refused before its pool starts
+        env=dtask_env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -134,7 +139,7 @@ def test_a_worker_that_cannot_fit_beside_the_connections_in_use_refuses_to_start
     line = refused.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line
     assert line.startswith(
-        "dtask worker: a worker of concurrency 2 (prefork pool, DTASK_DB_POOL 200) may hold 202"
+        "dtask worker: a worker of concurrency 200 (prefork pool) may hold 202"
         " PostgreSQL connections; with the "
     ), line
     assert "lower --concurrency or DTASK_DB_POOL, put PgBouncer" in line

@@ -131,8 +131,9 @@ def test_a_checkpoint_over_its_limit_or_not_json_fails_the_attempt_and_writes_no
     assert written == [{"done": 1}] and ctx.checkpoint_state == {"done": 1}
 
 
-def test_a_worker_s_connections_are_its_main_process_s_pool_and_one_per_pool_process() -> None:
-    assert worker_connections(concurrency=8, per_process=4) == 4 + 8 == 12
+def test_a_prefork_worker_holds_c_plus_2_connections_a_threads_one_its_pool() -> None:
+    assert worker_connections(concurrency=8, per_process=4) == 2 + 8 == 10
+    assert worker_connections(concurrency=8, per_process=40) == 10  # DB_POOL: clients, threads
     assert worker_connections(concurrency=64, per_process=4, forks=False) == 4
     assert worker_connections(concurrency=0, per_process=2) == 2
 
