@@ -11,10 +11,12 @@ single-statement autocommit write then has only the network's bound and the pool
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from sqlalchemy import Engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
 log = logging.getLogger(__name__)
@@ -82,3 +84,33 @@ def _found(where: str, what: str) -> None:
             where,
             what,
         )
+
+
+@dataclass(frozen=True)
+class ClientLimit:
+    """What a pooler lets clients hold: ``most`` (PgBouncer's ``max_client_conn``) and how
+    many are connected now."""
+
+    most: int
+    in_use: int
+
+
+def client_limit(url: str, timeout: float) -> ClientLimit | str:
+    """The pooler's client limit, from its admin console (database ``pgbouncer`` at the same
+    address, for a user in its ``admin_users`` or ``stats_users``), or why it cannot be read."""
+    console = make_url(url).set(drivername="postgresql", database="pgbouncer")
+    try:
+        with psycopg.connect(
+            console.render_as_string(hide_password=False),
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=max(2, int(timeout)),
+        ) as conn:
+            cursor = psycopg.ClientCursor(conn)  # the console speaks the simple protocol only
+            cursor.execute("SHOW CONFIG")
+            config = {str(row[0]): str(row[1]) for row in cursor.fetchall()}
+            cursor.execute("SHOW LISTS")
+            lists = {str(row[0]): int(row[1]) for row in cursor.fetchall()}
+        return ClientLimit(int(config["max_client_conn"]), lists.get("used_clients", 0))
+    except (psycopg.Error, KeyError, ValueError) as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -143,17 +143,24 @@ def worker_connections(concurrency: int, per_process: int, forks: bool = True) -
     return per_process
 
 
-def over_budget(mine: int, in_use: int, usable: int, max_connections: int, how: str) -> str | None:
-    """Why a worker that may hold ``mine`` connections cannot start on a server where
-    ``in_use`` of the ``usable`` are taken now (by anyone: rows of workers that are gone hold
-    none), or None when it fits. ``how`` names the worker (its concurrency and pool)."""
+SERVER_REMEDY = (
+    "put PgBouncer in transaction mode in front (docs/scaling.md), or raise max_connections"
+)
+
+
+def over_budget(
+    mine: int, in_use: int, usable: int, limit: str, how: str, remedy: str = SERVER_REMEDY
+) -> str | None:
+    """Why a worker that may hold ``mine`` connections cannot start where ``in_use`` of the
+    ``usable`` are taken now (by anyone: rows of workers that are gone hold none), or None
+    when it fits. ``limit`` names where ``usable`` comes from, ``how`` the worker, ``remedy``
+    what else than a smaller worker helps."""
     if mine + in_use <= usable:
         return None
     return (
         f"a worker of {how} may hold {mine} PostgreSQL connections; with the {in_use} in use"
-        f" that makes {mine + in_use}, over the {usable} the server's max_connections of"
-        f" {max_connections} leaves: lower --concurrency or DTASK_DB_POOL, put PgBouncer in"
-        " transaction mode in front (docs/scaling.md), or raise max_connections"
+        f" that makes {mine + in_use}, over the {usable} {limit}: lower --concurrency or"
+        f" DTASK_DB_POOL, or {remedy}"
     )
 
 

@@ -17,6 +17,7 @@ from celery.signals import celeryd_after_setup, worker_init, worker_process_init
 from celery.utils.text import str_to_list
 
 from dtask import services
+from dtask.db import pooler
 from dtask.db.engine import as_pool_process, as_prefork_main
 from dtask.domain.limits import over_budget, short_at_peak, worker_connections
 from dtask.domain.templates import registry as templates
@@ -171,16 +172,32 @@ def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
     except DtaskError as exc:  # PostgreSQL is down: the worker waits for it like any other
         log.warning("dtask: cannot check the PostgreSQL connection budget now: %s", exc)
         return
-    if server.pooled:  # the pooler's limits bind, and pg_stat_activity shows its server's
-        return
     mine = worker_connections(concurrency, resolved.db_pool, forks)
     how = f"concurrency {concurrency} ({pool} pool" + (
         ")" if forks else f", DTASK_DB_POOL {resolved.db_pool})"
     )
-    refusal = over_budget(mine, server.in_use, server.usable, server.most, how)
+    if server.pooled:  # its clients are what it limits; the server's are its own few
+        found = pooler.client_limit(services.database_url(), resolved.network_timeout)
+        if isinstance(found, str):
+            log.warning(
+                "dtask: cannot read the transaction pooler's client limit (%s), so its"
+                " connections are not checked: let this database user read its admin"
+                " console (admin_users or stats_users; docs/scaling.md)",
+                found,
+            )
+            return
+        limit = "PgBouncer's max_client_conn allows"
+        refusal = over_budget(
+            mine, found.in_use, found.most, limit, how, remedy="raise max_client_conn"
+        )
+    else:
+        limit = f"the server's max_connections of {server.most} leaves"
+        refusal = over_budget(mine, server.in_use, server.usable, limit, how)
     if refusal is not None:
         print(f"dtask worker: {refusal}", file=sys.stderr, flush=True)
         raise SystemExit(2)
+    if server.pooled:
+        return
     warning = short_at_peak(mine, others, server.usable)
     if warning is not None:
         log.warning("dtask: %s", warning)

@@ -142,4 +142,4 @@ def test_a_worker_that_cannot_fit_beside_the_connections_in_use_refuses_to_start
         "dtask worker: a worker of concurrency 200 (prefork pool) may hold 202"
         " PostgreSQL connections; with the "
     ), line
-    assert "lower --concurrency or DTASK_DB_POOL, put PgBouncer" in line
+    assert "lower --concurrency or DTASK_DB_POOL, or put PgBouncer" in line

@@ -91,3 +91,33 @@ def test_a_run_a_worker_killed_and_a_schedule_all_through_pgbouncer_in_transacti
     assert "connecting as through a transaction pooler" in workers[1].output()
     for unwanted in ("prepared statement", "unsupported startup parameter", "Traceback"):
         assert unwanted not in logs, unwanted
+
+
+def test_a_worker_past_pgbouncer_s_client_limit_refuses_to_start_and_one_within_starts(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    resolved = services.ensure_broker()
+    with pgbouncer(resolved.database_url, clients=12, admin="postgres") as url:
+        env = {
+            **dtask_env,
+            "DTASK_DATABASE_URL": url,
+            "DTASK_BROKER_URL": resolved.broker_url,
+            "DTASK_RESULT_BACKEND": resolved.result_backend,
+        }
+        refused = subprocess.run(
+            [DTASK, "worker", "-c", "16"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        line = refused.stderr.strip().splitlines()[-1]  # after the pooler's one line
+        assert line.startswith(
+            "dtask worker: a worker of concurrency 16 (prefork pool) may hold 18 PostgreSQL"
+            " connections; with the "
+        ), line
+        assert line.endswith("over the 12 PgBouncer's max_client_conn allows: lower --concurrency"
+                             " or DTASK_DB_POOL, or raise max_client_conn"), line  # fmt: skip
+        within = WorkerProcess(env, tmp_path / "w.log", "-c", "2")
+        try:
+            within.wait_ready(timeout=120)
+        finally:
+            within.stop()
+        assert "client limit" not in within.output()

@@ -9,8 +9,9 @@ from sqlalchemy import text
 
 from dtask import services
 from dtask.db import Database, Limits, engine_for
-from dtask.db.pooler import pooled
+from dtask.db.pooler import ClientLimit, client_limit, pooled
 from tests.support.pgbouncer import pgbouncer
+from tests.support.ports import free_port
 
 
 @pytest.mark.parametrize("ignore", ["", "extra_float_digits,options"], ids=["refused", "dropped"])
@@ -46,3 +47,14 @@ def test_a_direct_connection_is_not_taken_for_a_pooler(dtask_env: dict[str, str]
     with services.store().db.tx() as conn:
         assert not pooled(conn.info)
         assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+
+
+def test_a_pooler_s_client_limit_is_read_from_its_console_or_says_why_not(
+    dtask_env: dict[str, str],
+) -> None:
+    with pgbouncer(services.database_url(), clients=30, admin="postgres") as url:
+        found = client_limit(url, 8)
+        assert isinstance(found, ClientLimit) and found.most == 30 and found.in_use >= 1
+    nobody = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/postgres"
+    why = client_limit(nobody, 2)
+    assert isinstance(why, str) and "connection" in why and "\n" not in why

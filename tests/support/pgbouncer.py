@@ -29,11 +29,18 @@ def require() -> None:
 
 
 @contextmanager
-def pgbouncer(database_url: str, server_connections: int = 10, ignore: str = "") -> Iterator[str]:
+def pgbouncer(
+    database_url: str,
+    server_connections: int = 10,
+    ignore: str = "",
+    clients: int = 1000,
+    admin: str = "",
+) -> Iterator[str]:
     """PgBouncer in transaction mode before ``database_url``'s PostgreSQL (over TCP, or a
     Unix socket folder as the embedded one's), sharing at most ``server_connections`` server
     connections among all its clients; yields the SQLAlchemy URL of the pooler. ``ignore``: its
-    ``ignore_startup_parameters`` (``options`` makes it drop dtask's silently)."""
+    ``ignore_startup_parameters`` (``options`` makes it drop dtask's silently); ``clients``
+    its ``max_client_conn``; ``admin`` a user its admin console (``SHOW CONFIG``) lets in."""
     require()
     target = make_url(database_url)
     socket_dir = target.query.get("host")
@@ -53,7 +60,8 @@ def pgbouncer(database_url: str, server_connections: int = 10, ignore: str = "")
         "auth_type = any\n"
         "pool_mode = transaction\n"
         f"default_pool_size = {server_connections}\n"
-        "max_client_conn = 1000\n"
+        f"max_client_conn = {clients}\n"
+        f"admin_users = {admin}\n"
         "server_reset_query =\n"
         f"ignore_startup_parameters = {ignore or 'extra_float_digits'}\n"
         f"logfile = {folder / 'pgbouncer.log'}\n"

@@ -142,10 +142,12 @@ def test_a_prefork_worker_holds_c_plus_2_connections_a_threads_one_its_pool() ->
 def test_a_worker_is_refused_exactly_when_it_does_not_fit_beside_the_connections_in_use(
     mine: int, in_use: int, usable: int
 ) -> None:
-    refusal = over_budget(mine, in_use, usable, usable + 3, "concurrency 8 (prefork pool)")
+    limit = f"the server's max_connections of {usable + 3} leaves"
+    refusal = over_budget(mine, in_use, usable, limit, "concurrency 8 (prefork pool)")
     assert (refusal is None) == (mine + in_use <= usable)
     if refusal is not None:
-        assert f"that makes {mine + in_use}, over the {usable}" in refusal and "\n" not in refusal
+        assert f"that makes {mine + in_use}, over the {usable} {limit}:" in refusal
+        assert "\n" not in refusal
         assert refusal.startswith(f"a worker of concurrency 8 (prefork pool) may hold {mine} ")
 
 
