@@ -71,7 +71,8 @@ def before_start(
         return  # another app's worker: stock Celery
     events.add_step(instance)
     options = options or {}
-    if _pool_name(options.get("pool") or conf.worker_pool) == "prefork":
+    pool = _pool_name(options.get("pool") or conf.worker_pool)
+    if pool == "prefork":
         as_prefork_main()  # before any store of this process: its loops share two connections
     _load_templates()
     queues = app.amqp.queues
@@ -93,8 +94,8 @@ def before_start(
             raise SystemExit(2)
     elif app in scope.lowered and not _on_command_line("prefetch_multiplier"):
         _stock_prefetch = True  # none of dtask's work here: Celery's default (at worker_init)
-    _check_pool(options, conf)
-    _check_connections(str(sender or ""), options, conf)
+    _check_pool(pool)
+    _check_connections(str(sender or ""), options, conf, pool)
     resolved = services.current().settings
     if resolved.embedded_database:
         print(
@@ -132,10 +133,9 @@ def _consumes_dtask(consumed: Iterable[str]) -> bool:
 GREEN_POOLS = ("gevent", "eventlet")
 
 
-def _check_pool(options: dict[str, Any], conf: Any) -> None:
+def _check_pool(pool: str) -> None:
     """Refuse a green-thread pool in one line: a child's heartbeat is a thread of its own and
     its PostgreSQL calls block, so on one hub a busy child would starve its own lease."""
-    pool = _pool_name(options.get("pool") or conf.worker_pool)
     if pool in GREEN_POOLS:
         print(
             f"dtask worker: -P {pool} cannot run dtask's children (their heartbeats and"
@@ -147,7 +147,7 @@ def _check_pool(options: dict[str, Any], conf: Any) -> None:
         raise SystemExit(2)
 
 
-def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
+def _check_connections(name: str, options: dict[str, Any], conf: Any, pool: str) -> None:
     """Refuse to start where this worker's connections (each pool stops at its size) do not
     fit beside those in use now; warn where the live workers at their busiest would not."""
     autoscale = options.get("autoscale")
@@ -158,7 +158,6 @@ def _check_connections(name: str, options: dict[str, Any], conf: Any) -> None:
         or os.cpu_count()
         or 1
     )
-    pool = _pool_name(options.get("pool") or conf.worker_pool)
     forks = pool == "prefork"
     try:
         resolved = services.current().settings

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import signal
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 import dtask
 from soak.cluster import FAST
+from tests.acceptance.test_scale import held, numbers
 from tests.conftest import DTASK, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
 
@@ -41,16 +41,6 @@ def start(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[Start]:
         worker.stop()
 
 
-def hold(sink: Path) -> Path:
-    gate = sink / f"hold-{uuid.uuid4().hex}"
-    gate.touch()
-    return gate
-
-
-def numbers(sink: Path, run_id: int, index: int) -> list[int]:
-    return [int(x) for x in (sink / f"{run_id}-{index}.txt").read_text().split()]
-
-
 def held_on(worker: WorkerProcess, run_id: int, count: int) -> dict[int, int]:
     """Once each of the run's ``count`` children runs on ``worker`` (its threads are its main
     process) with 5 items checkpointed: their checkpoints."""
@@ -69,7 +59,7 @@ def test_a_sigkilled_threads_worker_s_children_resume_elsewhere_from_their_check
     start: Start, sink: Path
 ) -> None:
     threads = start("-P", "threads", "-c", "4")
-    gate = hold(sink)
+    gate = held(sink)
     run = dtask.submit("held_range", {"n": 80, "delay": 0.05, "hold": gate.name})  # 4 children
     done = held_on(threads, run.id, 4)
     start("-c", "2")  # prefork: where they resume
@@ -90,7 +80,7 @@ def test_sigterm_hands_a_threads_worker_s_children_over_at_their_checkpoints(
     start: Start, sink: Path
 ) -> None:
     threads = start("-P", "threads", "-c", "2")
-    gate = hold(sink)
+    gate = held(sink)
     run = dtask.submit("held_range", {"n": 40, "delay": 0.2, "hold": gate.name})  # 2 children
     held_on(threads, run.id, 2)
     start("-c", "2")
