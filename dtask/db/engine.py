@@ -165,7 +165,25 @@ def _ping_idle_connections(engine: Engine) -> None:
         try:
             engine.dialect.do_ping(dbapi_connection)
         except Exception as exc:
+            # Ctrl-C in the ping: SQLAlchemy's do_ping then fails to restore autocommit on the
+            # interrupted connection, and that error hides the KeyboardInterrupt; taken for a
+            # lost connection, it would be retried on a fresh one and Ctrl-C lost with it
+            interruption = _interruption(exc)
+            if interruption is not None:
+                raise interruption from None
             raise DisconnectionError(f"connection lost while idle: {exc}") from exc
+
+
+def _interruption(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt (or SystemExit) an error was raised while handling, if any."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if not isinstance(cause, Exception):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _forget_inherited_engines() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
@@ -72,4 +73,32 @@ def test_an_engine_never_holds_more_than_its_pool_and_a_full_pool_is_named(
             pass
         assert time.monotonic() - started >= 4.5
     with db.tx() as conn:  # given back: usable again
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1
+
+
+def test_ctrl_c_in_a_checkout_ping_is_not_taken_for_a_lost_connection(
+    dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a transaction's ping runs: SQLAlchemy's do_ping then fails to set
+    autocommit back on the interrupted connection (ProgrammingError, "connection in
+    transaction status ACTIVE"), which hides the KeyboardInterrupt. Taken for a lost
+    connection, the checkout was retried on a fresh one and `dtask submit --wait` went on
+    waiting after Ctrl-C (seen in test_first_hour under load)."""
+    limits = Limits(connections=1)
+    engine = engine_for(services.database_url(), limits=limits)
+    db = Database(engine, limits)
+    with db.tx():
+        pass  # now an idle pooled connection, pinged at the next checkout
+
+    def ping(dbapi_connection: object) -> bool:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise psycopg.ProgrammingError("can't change 'autocommit' now: ACTIVE")
+
+    monkeypatch.setattr(engine.dialect, "do_ping", ping)
+    with pytest.raises(KeyboardInterrupt), db.tx():
+        pass
+    monkeypatch.undo()
+    with db.tx() as conn:  # the pool goes on
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
