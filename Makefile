@@ -71,7 +71,7 @@ pgbouncer:
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
 TEST_PROCESSES ?= 4
-XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 # Part of `make test` (and 26 s the first time for its venv): the unit tests, the late chord
 # parts, the core acceptance tests and the Django project's, on the lowest Celery dtask

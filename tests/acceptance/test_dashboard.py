@@ -134,8 +134,10 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     waiting = call(site[1], "POST", "/runs", a, after).body
     page.goto(f"{site[0]}/#/runs/{waiting['id']}")
     page.wait_for_selector("#run-state .state.waiting", timeout=WAIT)
-    upstream = page.wait_for_selector(f"#run-after a.waiting-for[href='#/runs/{slow['id']}']")
-    assert upstream is not None and upstream.inner_text() == f"#{slow['id']}"
+    # a locator, not an element: the page draws #run-after again on every refresh
+    upstream = page.locator(f"#run-after a.waiting-for[href='#/runs/{slow['id']}']")
+    upstream.wait_for(timeout=WAIT)
+    assert upstream.inner_text() == f"#{slow['id']}"
     assert "waiting for 1 upstream run(s)" in page.inner_text("body")
     upstream.click()
     page.wait_for_selector("#run-state .state.running", timeout=WAIT)

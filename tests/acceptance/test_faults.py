@@ -13,7 +13,9 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,7 +217,7 @@ def test_2_sigkill_only_the_pool_process_running_a_child(cluster: Cluster, child
     """With one child, the run's master runs it in its own task (docs/scheduling.md): killed
     there, it resumes elsewhere from its checkpoint like any child (its lease expires)."""
     run_id = cluster.submit("slow_range", n=20 * children, delay=0.1)
-    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 30, "child 0 to checkpoint")
+    pid = wait_for(lambda: running_with_checkpoint(run_id, 0, 10), 60, "child 0 to checkpoint")
     done = checkpointed(run_id)
     os.kill(pid, signal.SIGKILL)
     status = dtask.get_run(run_id).wait(timeout=60)
@@ -258,12 +260,21 @@ def _release_run_lock(conn: Connection, run_id: int) -> None:
 def test_3_master_killed_after_inserting_children_before_sending_the_chord(
     cluster: Cluster,
 ) -> None:
-    run_id = cluster.submit("slow_split", n=50)
-    # The master splits for 2 s inside its first transaction, holding the run's lock. We queue
-    # for the lock behind it, so we hold it the moment the children are committed and the
-    # master blocks before sending the chord.
+    hold = cluster.sink / f"hold-{uuid.uuid4().hex}"
+    hold.touch()
+    run_id = cluster.submit("held_split", n=50, hold=hold.name)
+    # The master splits inside its first transaction, holding the run's lock, until the hold
+    # goes. We queue for the lock behind it first, so we hold it the moment the children are
+    # committed and the master blocks before sending the chord, however slow the machine.
     wait_for(lambda: _run_lock_sessions(run_id, granted=True), 20, "the master to split")
-    held = _hold_run_lock(run_id)
+    taken: list[Connection] = []
+    queued = threading.Thread(target=lambda: taken.append(_hold_run_lock(run_id)))
+    queued.start()
+    wait_for(lambda: os.getpid() in _advisory_waiters(run_id), 20, "our lock to queue")
+    hold.unlink()
+    queued.join(60)
+    assert taken, "the split did not end within 60 s of its hold going"
+    held = taken[0]
     try:
         assert services.store().runs.get(run_id).state.value == "splitting"
         assert dtask.get_run(run_id).status().children.total == 5

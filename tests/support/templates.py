@@ -124,6 +124,29 @@ def slow_split(ctx: dtask.ChildContext, a: int, b: int) -> None:
             out.write(f"{i}\n")
 
 
+def _split_when_let(rendered: dict[str, object]) -> list[dict[str, int]]:
+    import time
+
+    gate = Path(os.environ["DTASK_TEST_SINK"]) / str(rendered["hold"])
+    while gate.exists():
+        time.sleep(0.05)
+    return dtask.RangeSplit("start", "end", chunk=10)(rendered)
+
+
+@dtask.template(
+    "held_split",
+    params={"n": int, "hold": str},
+    skeleton={"start": 1, "end": "${n}", "hold": "${hold}"},
+    split=_split_when_let,
+)
+def held_split(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """Its master splits (inside its first transaction, holding the run's lock) while
+    DTASK_TEST_SINK/<hold> exists: a test decides when the split commits."""
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            out.write(f"{i}\n")
+
+
 @dtask.template(
     "poison",
     params={"n": int, "bad": int},
@@ -411,3 +434,4 @@ def task_name(ctx: dtask.ChildContext, a: int, b: int) -> str:
     from celery import current_task
 
     return str(current_task.name)
+
