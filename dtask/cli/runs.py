@@ -147,6 +147,8 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
         f"  children   {c.total} total, {c.succeeded} succeeded, {c.failed} failed,"
         f" {c.running} running, {c.pending} pending"
     )
+    if status.slots is not None:
+        print(f"  split      by capacity: {status.slots} live slots seen")
     if status.after:
         waiting = f" (waiting for {_runs(status.waiting_for)})" if status.waiting_for else ""
         print(f"  after      {_runs(status.after)}{waiting}")

@@ -116,6 +116,8 @@ class RunRow(Base):
     # the rest of the Celery chains (and link/link_error) its dtask.submit tasks took over:
     # sent once the run has finished, then NULL
     chains: Mapped[list[Any] | None] = mapped_column(JSONB)
+    # the live worker slots its split saw, where the split was by capacity (parts="slots")
+    split_slots: Mapped[int | None] = mapped_column(Integer)
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)

@@ -20,7 +20,7 @@ _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
     " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
     " start_after, result,"
-    " notify_error, notified_at"
+    " notify_error, notified_at, split_slots"
 )
 
 
@@ -223,6 +223,7 @@ def _status(
         tier=Tier(row.tier),
         after=tuple(upstreams[0]),
         waiting_for=tuple(upstreams[1]),
+        slots=row.split_slots,
         notify=None
         if row.notify_url is None
         else {

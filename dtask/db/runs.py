@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection
@@ -16,6 +17,7 @@ from dtask.db.database import lock_run, sql
 from dtask.db.inline import Inline
 from dtask.db.run_inserts import RunInserts
 from dtask.db.run_reads import child_results
+from dtask.db.workers import LiveSlots, live_on
 from dtask.domain.clients import Tier
 from dtask.domain.deps import blocking, start_state
 from dtask.domain.runs import RunState, outcome, sources
@@ -108,12 +110,13 @@ class RunStore(RunInserts):
     def split(
         self,
         run_id: int,
-        plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
+        plan: Callable[[RunRecord, LiveSlots], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
         offer: Inline | None = None,
     ) -> RunState:
-        """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock.
+        """pending -> splitting: insert the children ``plan`` returns, once, under the run's lock
+        (``plan`` may ask how many live slots the run has, on the lock's connection).
 
         If ``plan`` raises a DtaskError the run is failed with its message. With
         ``wait=False`` a run whose lock is held (a master is on it) is left alone. With
@@ -128,11 +131,17 @@ class RunStore(RunInserts):
             run = self._record(conn, run_id)
             if run.state is not RunState.PENDING or run.starts_in > 0:
                 return run.state
+            slots = LiveSlots(partial(live_on, conn), run.queue, run.template)
             try:
-                specs = plan(run)
+                specs = plan(run, slots)
             except DtaskError as exc:
                 self._set_run_state(conn, run_id, RunState.FAILED, error=str(exc))
                 return RunState.FAILED
+            if slots.seen is not None:  # `dtask status` says what a split by capacity saw
+                conn.execute(
+                    sql("UPDATE dtask_runs SET split_slots = :n WHERE id = :id"),
+                    {"n": slots.seen, "id": run_id},
+                )
             if offer is not None and deferred and len(specs) == 1:  # noqa: SIM102 (a write)
                 if inline.take(conn, run_id, run.max_attempts, specs[0], offer):
                     offer.template = run.template

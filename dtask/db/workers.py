@@ -3,7 +3,7 @@ ones are those seen recently. What the dispatcher's window and `dtask workers` r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
@@ -12,6 +12,8 @@ from sqlalchemy import Connection
 
 from dtask.db import pooler
 from dtask.db.database import Database, sql
+from dtask.domain.dispatch import runnable
+from dtask.domain.tiers import DEFAULT_QUEUE
 
 
 class ServerConnections(NamedTuple):
@@ -142,3 +144,26 @@ def live_on(conn: Connection, within: float) -> list[WorkerInfo]:
         )
         for r in rows
     ]
+
+
+class LiveSlots:
+    """The child slots of the live workers that would run one run's children (those that
+    consume its tier's queue and can run its template), read at most once (``live``: on the
+    connection of the transaction that splits it): what ``RangeSplit(parts="slots")`` asks."""
+
+    def __init__(
+        self, live: Callable[[float], list[WorkerInfo]], queue: str | None, template: str
+    ) -> None:
+        self._live = live
+        self._queue = queue or DEFAULT_QUEUE  # the run's queue is its tier's (NewRun)
+        self._template = template
+        self.seen: int | None = None
+
+    def __call__(self, within: float) -> int:
+        if self.seen is None:
+            self.seen = sum(
+                w.slots
+                for w in self._live(within)
+                if self._queue in w.queues and runnable(self._template, [w.templates])
+            )
+        return self.seen

@@ -130,6 +130,7 @@ class RunStatus:
     notify: dict[str, Any] | None = None  # the completion notification's delivery, if asked
     after: tuple[int, ...] = ()  # the runs it was submitted after (its upstreams)
     waiting_for: tuple[int, ...] = ()  # those of them not finished yet
+    slots: int | None = None  # the live slots a split by capacity saw (parts="slots")
 
     @property
     def finished(self) -> bool:
@@ -158,6 +159,7 @@ class RunStatus:
             "notify": self.notify,
             "after": list(self.after),
             "waiting_for": list(self.waiting_for),
+            "slots": self.slots,
         }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from dtask.exceptions import InvalidSplit, InvalidVariables, TooManyChildren
@@ -98,18 +98,33 @@ def check_ranges(specs: Sequence[Mapping[str, Any]], start: int, end: int, a: st
         raise InvalidSplit(f"numbers {expected_next}..{end} are not covered by any child")
 
 
+SLOTS = "slots"
+
+
+def per_slot(parts: str) -> int:
+    """``"slots"`` -> 1, ``"slots*4"`` -> 4; anything else is refused in one line."""
+    word, _, times = parts.replace(" ", "").partition("*")
+    if word == SLOTS and (not times or (times.isdigit() and 1 <= int(times) <= 1024)):
+        return int(times) if times else 1
+    raise InvalidSplit(
+        f'RangeSplit parts must be a number, "slots" or "slots*K" (K 1..1024), got {parts!r}'
+    )
+
+
 @dataclass(frozen=True)
 class RangeSplit:
     """Split the inclusive range ``[rendered[start], rendered[end]]`` into chunks ``[a, b]``.
 
     ``chunk`` is the size of each child's range; ``parts`` (if given) instead asks for that
-    many children of near-equal size. ``carry`` names skeleton keys copied into every spec.
+    many children of near-equal size: a number, or ``"slots"`` (``"slots*4"``: four per slot)
+    for as many as the live worker slots of the run's queue when the master splits (see
+    ``for_slots``). ``carry`` names skeleton keys copied into every spec.
     """
 
     start: str
     end: str
     chunk: int = 1000
-    parts: int | None = None
+    parts: int | str | None = None
     a: str = "a"
     b: str = "b"
     carry: tuple[str, ...] = ()
@@ -117,8 +132,22 @@ class RangeSplit:
     def __post_init__(self) -> None:
         if self.chunk < 1:
             raise InvalidSplit(f"RangeSplit chunk must be >= 1, got {self.chunk}")
-        if self.parts is not None and self.parts < 1:
-            raise InvalidSplit(f"RangeSplit parts must be >= 1, got {self.parts}")
+        if isinstance(self.parts, str):
+            per_slot(self.parts)
+        elif self.parts is not None and (isinstance(self.parts, bool) or self.parts < 1):
+            raise InvalidSplit(f"RangeSplit parts must be >= 1, got {self.parts!r}")
+
+    @property
+    def per_slot(self) -> int | None:
+        """Children per live slot (``parts="slots*K"``), None for a fixed split."""
+        return per_slot(self.parts) if isinstance(self.parts, str) else None
+
+    def for_slots(self, slots: int, max_children: int) -> RangeSplit:
+        """This split with its number of children fixed from ``slots`` live slots: ``K`` per
+        slot (no slot seen counts as one: its children wait for a worker as any run's do),
+        never above ``max_children`` or the range's size."""
+        wanted = max(1, slots) * (self.per_slot or 1)
+        return replace(self, parts=max(1, min(wanted, max_children)))
 
     def bounds(self, rendered: Any) -> tuple[int, int]:
         if not isinstance(rendered, Mapping):
@@ -139,16 +168,19 @@ class RangeSplit:
             )
         return lo, hi
 
-    def _width(self, lo: int, hi: int) -> int:
-        if self.parts is None:
-            return self.chunk
-        total = hi - lo + 1
-        return -(-total // self.parts)
+    def _parts(self) -> int | None:
+        if isinstance(self.parts, str):
+            raise InvalidSplit(f"RangeSplit parts={self.parts!r} is decided by for_slots()")
+        return self.parts
 
-    def count(self, rendered: Any) -> int:
+    def count(self, rendered: Any) -> int | None:
+        """How many children, None where the live slots decide (checked all the same)."""
         lo, hi = self.bounds(rendered)
-        width = self._width(lo, hi)
-        return -(-(hi - lo + 1) // width)
+        if isinstance(self.parts, str):
+            return None
+        parts = self._parts()
+        total = hi - lo + 1
+        return -(-total // self.chunk) if parts is None else min(parts, total)
 
     def __call__(self, rendered: Any) -> list[ChildSpec]:
         lo, hi = self.bounds(rendered)
@@ -160,10 +192,20 @@ class RangeSplit:
         """The specs one at a time (what a template's plan consumes: disjoint and covering by
         construction, which the property tests check through ``__call__``)."""
         lo, hi = self.bounds(rendered)
-        width = self._width(lo, hi)
+        parts = self._parts()
         missing = [k for k in self.carry if k not in rendered]
         if missing:
             raise InvalidSplit(f"RangeSplit: the skeleton has no key {missing[0]!r} to carry")
         extra = {k: rendered[k] for k in self.carry}
-        for a in range(lo, hi + 1, width):
-            yield {self.a: a, self.b: min(a + width - 1, hi), **extra}
+        if parts is None:
+            for a in range(lo, hi + 1, self.chunk):
+                yield {self.a: a, self.b: min(a + self.chunk - 1, hi), **extra}
+            return
+        # exactly min(parts, size) children, their sizes one apart at most
+        count = min(parts, hi - lo + 1)
+        width, longer = divmod(hi - lo + 1, count)
+        a = lo
+        for index in range(count):
+            b = a + width - (0 if index < longer else 1)
+            yield {self.a: a, self.b: b, **extra}
+            a = b + 1

@@ -20,7 +20,13 @@ from dtask.domain.limits import MAX_ATTEMPTS, check_seconds, check_whole
 from dtask.domain.params import Param, as_param
 from dtask.domain.results import Reduce
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
-from dtask.domain.splitting import SpecText, SplitStrategy, check_count, check_specs
+from dtask.domain.splitting import (
+    RangeSplit,
+    SpecText,
+    SplitStrategy,
+    check_count,
+    check_specs,
+)
 from dtask.exceptions import (
     ConfigurationError,
     DtaskError,
@@ -205,12 +211,21 @@ class Template:
         return render(self.skeleton, variables)
 
     def plan(
-        self, variables: Mapping[str, Any], max_children: int, max_spec: int = 65_536
+        self,
+        variables: Mapping[str, Any],
+        max_children: int,
+        max_spec: int = 65_536,
+        slots: Callable[[], int] | None = None,
     ) -> list[SpecText]:
         """Validate, render and split: the child specs this trigger would run, as JSON text (a
-        generator split runs as it is consumed: its errors are the split's too)."""
+        generator split runs as it is consumed: its errors are the split's too). A split by
+        live capacity (``RangeSplit(parts="slots")``) asks ``slots`` how many it has (none
+        given: one)."""
         rendered = self.precheck(variables, max_children)
-        produce = getattr(self.split, "iterate", self.split)  # RangeSplit: one at a time
+        split = self.split
+        if isinstance(split, RangeSplit) and split.per_slot is not None:
+            split = split.for_slots(slots() if slots else 1, max_children)
+        produce = getattr(split, "iterate", split)  # RangeSplit: one at a time
         with self._user_code("split"):
             return check_specs(produce(rendered), max_children, max_spec)
 
@@ -228,7 +243,8 @@ class Template:
             return rendered, None
         with self._user_code("split"):
             total = count(rendered)
-        check_count(total, max_children)
+        if total is not None:
+            check_count(total, max_children)
         return rendered, total
 
     @contextmanager

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NoReturn
 
 from celery import Task
@@ -21,6 +22,7 @@ from celery.exceptions import Ignore
 from dtask import services
 from dtask.db import Claim, RunRecord, Store
 from dtask.db.inline import Inline
+from dtask.db.workers import LiveSlots
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
@@ -87,7 +89,7 @@ def run_master(
     ``send``, the children go to it instead of the broker (test mode: dtask/worker/eager.py)."""
     settings = services.current().settings
 
-    def plan(run: RunRecord) -> list[str]:
+    def plan(run: RunRecord, slots: LiveSlots) -> list[str]:
         try:
             template = registry.get(run.template)
         except UnknownTemplate as exc:
@@ -99,7 +101,12 @@ def run_master(
                 f" {bound:g} s; load it on the workers with DTASK_TEMPLATES)"
             ) from None
         with time_limit(settings.split_timeout, f"the split of template {template.name!r}"):
-            return template.plan(run.variables, settings.max_children, settings.max_child_spec)
+            return template.plan(
+                run.variables,
+                settings.max_children,
+                settings.max_child_spec,
+                slots=partial(slots, settings.worker_seen_within),
+            )
 
     deferred = send is None and settings.dispatch == "window"  # the dispatcher sends them
     # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it inline

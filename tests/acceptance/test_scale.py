@@ -195,6 +195,26 @@ def test_workers_that_join_mid_run_take_children_within_2_seconds(start_worker: 
     run.cancel()
 
 
+def test_a_split_by_slots_makes_a_child_a_live_slot(start_worker: object, sink: Path) -> None:
+    """``RangeSplit(parts="slots")`` at concurrency 2: 2, 4, 6 children with 1, 2, 3 workers
+    (and `dtask status` says how many slots the split saw)."""
+    from dtask.client.workers import slots_for
+
+    for workers in (1, 2, 3):
+        start_worker()  # type: ignore[operator]
+        wait_for(lambda n=workers: slots_for("dtask") == 2 * n, 30, f"{workers} workers live")
+        run = dtask.submit("by_slots", {"n": 1000})
+        status = run.wait(timeout=60)
+        assert status.state is dtask.RunState.SUCCEEDED, status.error
+        assert (status.children.total, status.slots) == (2 * workers, 2 * workers)
+        done = sorted(n for i in range(2 * workers) for n in numbers(sink, run.id, i))
+        assert done == list(range(1, 1001))
+        shown = subprocess.run(
+            [DTASK, "status", str(run.id)], capture_output=True, text=True, check=True
+        ).stdout
+        assert f"{2 * workers} live slots seen" in shown
+
+
 def test_a_small_run_does_not_wait_behind_a_large_ones_backlog(start_worker: object) -> None:
     start_worker()  # type: ignore[operator]
     start_worker()  # type: ignore[operator]

@@ -24,7 +24,7 @@ def create(world: World, after: tuple[int, ...] = (), key: str | None = None) ->
 def running(world: World, after: tuple[int, ...] = ()) -> int:
     """A run of one child, dispatched (its upstreams, if any, have succeeded)."""
     run_id = create(world, after)
-    assert world.runs.split(run_id, lambda run: [{"i": 0}]) is RunState.SPLITTING
+    assert world.runs.split(run_id, lambda run, slots: [{"i": 0}]) is RunState.SPLITTING
     world.runs.dispatch(run_id, lambda run, children: None)
     return run_id
 
@@ -49,7 +49,8 @@ def test_a_run_waits_for_its_upstreams_and_is_released_by_the_last(world: World)
     status = world.runs.status(d)
     assert status.state is RunState.WAITING
     assert (status.after, status.waiting_for) == ((b, c), (b, c))
-    assert world.runs.split(d, lambda run: [{"i": 0}]) is RunState.WAITING  # never split early
+    never_early = world.runs.split(d, lambda run, slots: [{"i": 0}])
+    assert never_early is RunState.WAITING  # never split early
     assert finish(world, b) == []
     assert world.runs.status(d).waiting_for == (c,)
     assert finish(world, c) == [d]
@@ -73,7 +74,7 @@ def test_a_chain_is_released_one_run_at_a_time(world: World) -> None:
     c = create(world, (b,))
     assert finish(world, a) == [b]
     assert (world.state(b), world.state(c)) == (RunState.PENDING, RunState.WAITING)
-    assert world.runs.split(b, lambda run: [{"i": 0}]) is RunState.SPLITTING
+    assert world.runs.split(b, lambda run, slots: [{"i": 0}]) is RunState.SPLITTING
     world.runs.dispatch(b, lambda run, children: None)
     assert finish(world, b) == [c]
     assert world.state(c) is RunState.PENDING

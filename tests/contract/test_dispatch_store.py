@@ -263,7 +263,7 @@ def split_here(
     )  # fmt: skip
     inline = Inline("me:1", 30)
     plan = [{"i": i} for i in range(children)]
-    state = world.runs.split(run_id, lambda run: plan, deferred=True, offer=inline)
+    state = world.runs.split(run_id, lambda run, slots: plan, deferred=True, offer=inline)
     return run_id, state, inline
 
 

@@ -176,7 +176,7 @@ class World:
         """A running run whose ``children`` children wait for the dispatcher."""
         run_id = self.submit(template, client=client, queue=queue, priority=priority, **options)
         plan = [{"i": i} for i in range(children)]
-        assert self.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+        assert self.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
         sent: list[int] = []
         state = self.runs.dispatch(run_id, lambda run, kids: sent.append(len(kids)), deferred=True)
         assert (state, sent) == (RunState.RUNNING, [0])  # the chord is fixed, nothing is sent
@@ -254,7 +254,7 @@ def postgresql(store: Store) -> World:
         run_id, created = store.runs.create(new)
         assert created
         specs = [{"i": i} for i in range(children)]
-        assert store.runs.split(run_id, lambda run: specs) is RunState.SPLITTING
+        assert store.runs.split(run_id, lambda run, slots: specs) is RunState.SPLITTING
         return run_id
 
     def expire(run_id: int, index: int) -> None:

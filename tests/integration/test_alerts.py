@@ -120,7 +120,7 @@ def test_a_run_is_stalled_when_nothing_of_it_changed_for_the_limit(
 ) -> None:
     store = services.store()
     run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
-    assert store.runs.split(run_id, lambda run: [{"i": i} for i in range(3)]) is not None
+    assert store.runs.split(run_id, lambda run, slots: [{"i": i} for i in range(3)]) is not None
     store.runs.dispatch(run_id, lambda run, kids: None)
 
     def quiet(run_for: float, children_for: float) -> None:

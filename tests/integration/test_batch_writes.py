@@ -49,7 +49,7 @@ def statements() -> Iterator[list[str]]:
 def split(store: Store, n: int) -> tuple[int, list[list[Any]]]:
     run_id, _ = store.runs.create(NewRun("tiny", f"test:{uuid.uuid4()}", {"n": n}, 1, None))
     plan = [{"i": i, "fail_every": 0} for i in range(n)]
-    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+    assert store.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
     return run_id, [[i, spec] for i, spec in enumerate(plan)]
 
 

@@ -75,7 +75,7 @@ def queued_child_ids(remove: str | None = None) -> set[str]:
 
 def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) -> None:
     run_id, _ = store.runs.create(NewRun(TEMPLATE, f"test:{uuid.uuid4()}", {}, 3, None))
-    store.runs.split(run_id, lambda run: [{"a": 1, "b": 2}])
+    store.runs.split(run_id, lambda run, slots: [{"a": 1, "b": 2}])
     store.runs.dispatch(run_id, lambda run, todo: None)
     claim = store.children.claim(run_id, 0, "old-owner:1", 30)
     assert isinstance(claim, Claim)

@@ -88,7 +88,7 @@ def test_child_rates_charge_what_a_run_weighs(store: Store) -> None:
     assert never.value.retry_after == float("inf")
     uncounted = create(store, client, children=None)  # a custom split: 1 until it splits
     assert get_client(client).usage["children_in_window"] == 61
-    store.runs.split(uncounted, lambda run: [{"i": i} for i in range(30)])
+    store.runs.split(uncounted, lambda run, slots: [{"i": i} for i in range(30)])
     assert get_client(client).usage["children_in_window"] == 90
     with pytest.raises(RateLimited):
         create(store, client, children=11)
@@ -136,7 +136,7 @@ def test_runs_past_their_deadline_are_decided_once(store: Store) -> None:
 
     late_runs, late_fails = create_late(OnLate.RUN), create_late(OnLate.FAIL)
     on_time = create_late(OnLate.FAIL)
-    store.runs.split(on_time, lambda run: [{"i": 0}])
+    store.runs.split(on_time, lambda run, slots: [{"i": 0}])
     store.runs.dispatch(on_time, lambda run, children: None)
     assert isinstance(store.children.claim(on_time, 0, "me", 30), Claim)  # starts in time
     time.sleep(0.3)

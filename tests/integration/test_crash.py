@@ -47,7 +47,7 @@ def test_a_claimed_fence_survives_a_crash(crashable: tuple[Path, str]) -> None:
     home, url = crashable
     store = Store(Database(engine_for(url)))
     run_id, _ = store.runs.create(NewRun("print_range", f"crash:{uuid.uuid4()}", {"n": 1}, 3, None))
-    store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])
+    store.runs.split(run_id, lambda run, slots: [{"a": 1, "b": 1}])
     store.runs.dispatch(run_id, lambda run, todo: None)
     claim = store.children.claim(run_id, 0, "owner:1", 30)
     assert isinstance(claim, Claim) and claim.fence == 1
@@ -67,7 +67,7 @@ def test_an_owner_s_lease_write_is_not_waited_for_and_its_checkpoint_is(
     _, url = crashable
     store = Store(Database(engine_for(url)))
     run_id, _ = store.runs.create(NewRun("print_range", f"lsn:{uuid.uuid4()}", {"n": 1}, 3, None))
-    store.runs.split(run_id, lambda run: [{"a": 1, "b": 1}])
+    store.runs.split(run_id, lambda run, slots: [{"a": 1, "b": 1}])
     store.runs.dispatch(run_id, lambda run, todo: None)
     claim = store.children.claim(run_id, 0, "owner:1", 30)
     assert isinstance(claim, Claim)

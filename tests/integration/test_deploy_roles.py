@@ -50,7 +50,8 @@ def test_the_app_role_runs_dtask_but_cannot_change_the_schema(dtask_env: dict[st
                 runs = RunStore(Database(app))
                 run_id, created = runs.create(NewRun("t", "k", {}, 2, None))
                 assert created
-                assert runs.split(run_id, lambda run: [{"i": 0}, {"i": 1}]) is RunState.SPLITTING
+                split = runs.split(run_id, lambda run, slots: [{"i": 0}, {"i": 1}])
+                assert split is RunState.SPLITTING
                 assert runs.status(run_id).children.total == 2
                 for ddl in (
                     "CREATE TABLE intruder (x int)",

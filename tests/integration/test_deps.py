@@ -35,7 +35,7 @@ def create(store: Store, after: tuple[int, ...] = (), key: str | None = None) ->
 def running(store: Store, after: tuple[int, ...] = ()) -> int:
     """A run of one child, dispatched (its upstreams, if any, have succeeded)."""
     run_id = create(store, after)
-    assert store.runs.split(run_id, lambda run: [{"i": 0}]) is RunState.SPLITTING
+    assert store.runs.split(run_id, lambda run, slots: [{"i": 0}]) is RunState.SPLITTING
     store.runs.dispatch(run_id, lambda run, children: None)
     return run_id
 

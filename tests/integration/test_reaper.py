@@ -53,7 +53,7 @@ def master_sent_at(run_id: int) -> object:
 
 def running_run(store: Store, children: int = 1) -> int:
     run_id = new_run(store, "print_range", {"n": children})
-    store.runs.split(run_id, lambda run: [{"a": i, "b": i} for i in range(children)])
+    store.runs.split(run_id, lambda run, slots: [{"a": i, "b": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, todo: None)
     return run_id
 

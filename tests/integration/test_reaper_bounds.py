@@ -71,7 +71,7 @@ def test_lost_messages_are_re_sent_whatever_the_queue_holds_in_bounded_batches(
     run_id, _ = store.runs.create(
         NewRun("print_range", f"test:{uuid.uuid4()}", {"n": 300}, 3, queue)
     )
-    store.runs.split(run_id, lambda run: [{"a": i, "b": i} for i in range(300)])
+    store.runs.split(run_id, lambda run, slots: [{"a": i, "b": i} for i in range(300)])
     store.runs.dispatch(run_id, send_chord)
     assert queue_size(queue) == 300  # a backlog: every message waits in the queue
     run_sql(

@@ -23,7 +23,7 @@ def store(dtask_env: dict[str, str]) -> Store:
 
 def finished_run(store: Store, children: int, days_ago: float, ok: bool = True) -> int:
     run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
-    store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
+    store.runs.split(run_id, lambda run, slots: [{"i": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, kids: None)
     with store.db.tx() as conn:  # every child done at once, as a worker would leave them
         conn.execute(

@@ -35,7 +35,7 @@ def analyzed(store: Store) -> int:
 def split(store: Store, children: int) -> None:
     run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     plan = [{"i": i} for i in range(children)]
-    assert store.runs.split(run_id, lambda run: plan, deferred=True) is RunState.SPLITTING
+    assert store.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
 
 
 def test_a_large_split_refreshes_the_statistics_of_dtask_children(store: Store) -> None:

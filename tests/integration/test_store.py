@@ -26,7 +26,7 @@ def new_run(store: Store, children: int = 3, max_attempts: int = 2) -> int:
         NewRun("t", f"test:{uuid.uuid4()}", {"n": children}, max_attempts, None)
     )
     assert created
-    state = store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
+    state = store.runs.split(run_id, lambda run, slots: [{"i": i} for i in range(children)])
     assert state is RunState.SPLITTING
     return run_id
 
@@ -68,7 +68,7 @@ def test_split_happens_once_even_when_the_master_runs_twice(store: Store) -> Non
     calls: list[int] = []
     barrier = threading.Barrier(4)
 
-    def plan(run: RunRecord) -> list[dict[str, Any]]:
+    def plan(run: RunRecord, slots: object) -> list[dict[str, Any]]:
         calls.append(run.id)
         return [{"i": i} for i in range(5)]
 
@@ -112,7 +112,7 @@ def test_a_plan_error_fails_the_run_with_its_message(store: Store) -> None:
 
     run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None))
 
-    def bad(run: RunRecord) -> list[dict[str, Any]]:
+    def bad(run: RunRecord, slots: object) -> list[dict[str, Any]]:
         raise InvalidSplit("no children")
 
     assert store.runs.split(run_id, bad) is RunState.FAILED

@@ -34,7 +34,7 @@ def counted(dtask_env: dict[str, str]) -> Iterator[list[str]]:
 
 def big_run(store: Store, children: int) -> int:
     run_id, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
-    store.runs.split(run_id, lambda run: [{"i": i} for i in range(children)])
+    store.runs.split(run_id, lambda run, slots: [{"i": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, kids: None)
     return run_id
 

@@ -33,7 +33,7 @@ def quiet() -> Iterator[None]:
 
 def run_of(store: Store, children: int) -> int:
     run_id, _ = store.runs.create(NewRun("logs", "memory", {"n": children}, 1, None))
-    store.runs.split(run_id, lambda run: [{"a": i, "b": i} for i in range(children)])
+    store.runs.split(run_id, lambda run, slots: [{"a": i, "b": i} for i in range(children)])
     store.runs.dispatch(run_id, lambda run, kids: None)  # sent by hand below, one by one
     return run_id
 

@@ -251,8 +251,8 @@ class MemoryStore:
     def __init__(self, tables: Tables | None = None) -> None:
         self.tables = tables or Tables()
         self.children = MemoryChildren(self.tables)
-        self.runs = MemoryRuns(self.tables)
         self.workers = MemoryWorkers()
+        self.runs = MemoryRuns(self.tables, self.workers)
         self.dispatch = MemoryDispatch(self.tables, self.workers)
         self.clients = MemoryClients(self.tables)
         self.recovery = MemoryRecovery(self.tables)

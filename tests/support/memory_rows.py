@@ -51,6 +51,7 @@ class RunRow:
     tier: Tier = Tier.BASIC
     unsent: int = 0  # children left to the dispatcher
     after: tuple[int, ...] = ()  # its upstreams (dtask_run_deps), in id order
+    split_slots: int | None = None
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
 

@@ -19,6 +19,7 @@ from dtask.db.clients import _client_or_default
 from dtask.db.inline import Inline
 from dtask.db.run_reads import Graph
 from dtask.db.runs import Chained, Reducer
+from dtask.db.workers import LiveSlots
 from dtask.domain.clients import DEFAULT_CLIENT
 from dtask.domain.deps import Node, blocking, start_state
 from dtask.domain.runs import ChildCounts, ChildState, NewRun, RunState, RunStatus, outcome
@@ -33,6 +34,7 @@ from dtask.exceptions import (
     UpstreamNotFound,
 )
 from tests.support import memory_deps as deps
+from tests.support.memory_dispatch import MemoryWorkers
 from tests.support.memory_rows import ChildRow, RunRow, Tables, jsonb, loads
 
 Send = Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None]
@@ -41,8 +43,9 @@ Send = Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None]
 class MemoryRuns:
     """``finalized`` lists the runs asked to finalize."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, workers: MemoryWorkers) -> None:
         self.t = tables
+        self.workers = workers
         self.finalized: list[int] = []
         self._ids = itertools.count(1)
         self._child_ids = itertools.count(1)
@@ -62,7 +65,7 @@ class MemoryRuns:
             execution_cap=execution_cap,
         )  # fmt: skip
         run_id, _ = self.create(new)
-        assert self.split(run_id, lambda run: list(specs)) is RunState.SPLITTING
+        assert self.split(run_id, lambda run, slots: list(specs)) is RunState.SPLITTING
         return run_id
 
     def create(self, run: NewRun) -> tuple[int, bool]:
@@ -116,7 +119,7 @@ class MemoryRuns:
     def split(
         self,
         run_id: int,
-        plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
+        plan: Callable[[RunRecord, LiveSlots], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
         offer: Inline | None = None,
@@ -125,11 +128,14 @@ class MemoryRuns:
             run = self._run(run_id)
             if run.state is not RunState.PENDING:
                 return run.state
+            slots = LiveSlots(self.workers.live, run.queue, run.template)
             try:
-                specs = [loads(s) if isinstance(s, str) else jsonb(s) for s in plan(run.record())]
+                planned = plan(run.record(), slots)
+                specs = [loads(s) if isinstance(s, str) else jsonb(s) for s in planned]
             except DtaskError as exc:
                 deps.move(self.t, run, RunState.FAILED, error=str(exc))
                 return RunState.FAILED
+            run.split_slots = slots.seen
             if offer is not None and deferred and len(specs) == 1 and self._alone(run):
                 self._take_alone(run, specs[0], offer)
                 return RunState.RUNNING
@@ -316,6 +322,7 @@ class MemoryRuns:
                 run.created_at, run.finished_at, run.error, client=run.client,
                 priority=run.priority, deadline=run.deadline, result=jsonb(run.result),
                 tier=run.tier, after=tuple(after), waiting_for=tuple(unfinished),
+                slots=run.split_slots,
             )  # fmt: skip
 
     def graph(self, run_id: int) -> Graph:

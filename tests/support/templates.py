@@ -435,3 +435,14 @@ def task_name(ctx: dtask.ChildContext, a: int, b: int) -> str:
 
     return str(current_task.name)
 
+
+@dtask.template(
+    "by_slots",
+    params={"n": int},
+    skeleton={"start": 1, "end": "${n}"},
+    split=dtask.RangeSplit("start", "end", parts="slots"),
+)
+def by_slots(ctx: dtask.ChildContext, a: int, b: int) -> None:
+    """As many children as the live slots when it splits (docs/elastic.md)."""
+    with _sink(ctx).open("a") as out:
+        out.writelines(f"{i}\n" for i in range(a, b + 1))

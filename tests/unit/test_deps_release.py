@@ -53,7 +53,7 @@ def create(store: MemoryStore, *after: int) -> int:
 
 def running(store: MemoryStore, *after: int) -> int:
     run_id = create(store, *after)
-    store.runs.split(run_id, lambda run: [{"i": 0}])
+    store.runs.split(run_id, lambda run, slots: [{"i": 0}])
     store.runs.dispatch(run_id, lambda run, children: None)
     return run_id
 

@@ -4,7 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dtask.domain.params import Param
 from dtask.domain.splitting import RangeSplit, check_ranges
+from dtask.domain.templates import Template
 from dtask.exceptions import InvalidSplit, InvalidVariables
 
 
@@ -27,8 +29,7 @@ def test_range_split_is_disjoint_and_covering(start: int, length: int, chunk: in
 def test_range_split_by_parts(length: int, parts: int) -> None:
     split = RangeSplit("s", "e", parts=parts)
     specs = split({"s": 1, "e": length})
-    assert len(specs) <= parts
-    assert len(specs) == split.count({"s": 1, "e": length})
+    assert len(specs) == min(parts, length) == split.count({"s": 1, "e": length})
     check_ranges(specs, 1, length, "a", "b")
 
 
@@ -74,3 +75,51 @@ def test_range_split_options_are_checked() -> None:
         RangeSplit("s", "e", chunk=0)
     with pytest.raises(InvalidSplit, match="parts"):
         RangeSplit("s", "e", parts=0)
+
+
+@given(
+    length=st.integers(1, 10_000),
+    slots=st.integers(0, 300),
+    each=st.integers(1, 8),
+    most=st.integers(1, 500),
+)
+def test_a_split_by_live_slots_makes_k_children_a_slot_within_its_bounds(
+    length: int, slots: int, each: int, most: int
+) -> None:
+    """``parts="slots*K"``: K children a live slot, at least 1, at most DTASK_MAX_CHILDREN
+    (and the range's size); still disjoint and covering."""
+    split = RangeSplit("s", "e", parts="slots" if each == 1 else f"slots*{each}")
+    assert split.per_slot == each
+    assert split.count({"s": 1, "e": length}) is None  # not known before the split
+    sized = split.for_slots(slots, most)
+    specs = sized({"s": 1, "e": length})
+    check_ranges(specs, 1, length, "a", "b")
+    assert len(specs) == min(max(1, slots) * each, most, length)
+    sizes = {spec["b"] - spec["a"] + 1 for spec in specs}
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("parts", ["slot", "slots*0", "slots*x", "slots*2*2", "cores", True, -1])
+def test_a_bad_parts_is_one_line(parts: object) -> None:
+    with pytest.raises(InvalidSplit, match="parts"):
+        RangeSplit("s", "e", parts=parts)  # type: ignore[arg-type]
+
+
+def test_a_template_split_by_slots_asks_them_once_at_its_split() -> None:
+    asked: list[int] = []
+
+    def slots() -> int:
+        asked.append(3)
+        return 3
+
+    template = Template(
+        name="by_slots",
+        params={"n": Param(int)},
+        skeleton={"lo": 1, "hi": "${n}"},
+        split=RangeSplit("lo", "hi", parts="slots*2"),
+        function=lambda ctx, a, b: None,
+    )
+    assert template.count({"n": 100}, 1000) == ({"lo": 1, "hi": 100}, None)
+    specs = template.plan({"n": 100}, 1000, slots=slots)
+    assert (len(specs), asked) == (6, [3])
+    assert len(template.plan({"n": 100}, 1000)) == 2  # no reader (eager): one slot's worth
