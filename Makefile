@@ -92,12 +92,13 @@ $(BENCH_STAMP): $(STAMP)
 
 # Not part of `make test`: 11-16 minutes (the peers take most of it). bench.peers: dtask,
 # stock Celery, Dramatiq and Procrastinate side by side (10,000 and 100,000 children); 3,000 small runs; latency while a
-# 100,000-child run is busy; then bench.run (cost per child, latency, failover, profile).
+# 100,000-child run is busy; a straggler with and without stealing (docs/elastic.md); then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.small_runs --runs 3000
 	$(BIN)/python -m bench.busy_latency
+	$(BIN)/python -m bench.elastic
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 # Not part of `make bench` (~20 minutes): 100,000 then 1,000,000 children in one cluster

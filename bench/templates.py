@@ -55,3 +55,41 @@ def bench_sleep(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
 def bench_one(ctx: dtask.ChildContext, a: int, b: int) -> None:
     """One child of 1 ms per run: bench.small_runs submits many small runs of it."""
     time.sleep(0.001)
+
+
+def _straggle(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
+    """``delay`` a number, ten times that in ``slow`` (its first to last number)."""
+    sink = Path(os.environ["DTASK_BENCH_SINK"]) / f"{ctx.run_id}-{ctx.index}.txt"
+    with sink.open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            time.sleep(delay * (10 if slow[0] <= i <= slow[1] else 1))
+            out.write(f"{i}\n")
+            out.flush()
+
+
+_STRAGGLER: dict[str, object] = {
+    "params": {"n": int, "delay": float, "slow_from": int, "slow_to": int},
+    "skeleton": {
+        "start": 1,
+        "end": "${n}",
+        "delay": "${delay}",
+        "slow": ["${slow_from}", "${slow_to}"],
+    },
+    "split": dtask.RangeSplit("start", "end", parts=4, carry=("delay", "slow")),
+    "checkpoint_every": 5,
+    "checkpoint_interval": 3600,
+}
+
+
+@dtask.template("bench_straggler", **_STRAGGLER)  # type: ignore[arg-type]
+def bench_straggler(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
+    """bench.elastic: four children, one of them ten times slower; its rest may be stolen."""
+    _straggle(ctx, a, b, delay, slow)
+
+
+@dtask.template("bench_straggler_fixed", stealable=False, **_STRAGGLER)  # type: ignore[arg-type]
+def bench_straggler_fixed(
+    ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]
+) -> None:
+    """bench.elastic: the same, never cut."""
+    _straggle(ctx, a, b, delay, slow)

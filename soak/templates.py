@@ -22,6 +22,7 @@ def sink_file(run_id: int, index: int) -> Path:
 
 @dtask.template(
     "soak_range",
+    stealable=False,  # the verdict checks each child's own range (soak/checks.py)
     params={"n": int, "delay": float},
     skeleton={"start": 1, "end": "${n}", "delay": "${delay}"},
     split=dtask.RangeSplit("start", "end", chunk=CHUNK, carry=("delay",)),

@@ -12,8 +12,10 @@ from typing import Any
 
 from sqlalchemy import Row
 
+from dtask.db import steals
 from dtask.db.child_reads import ChildReads
 from dtask.db.database import ASYNC_COMMIT, sql
+from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
 
@@ -267,24 +269,27 @@ class ChildStore(ChildReads):
 
     def _fenced_update(
         self, claim: Claim, assignments: str, durable: bool = False, **params: Any
-    ) -> None:
+    ) -> Row[Any]:
         """Write to a child we own: only while its fence is ours and it is running.
         A stale owner matches no row and gets LeaseLost."""
         commit = "" if durable else f" AND {ASYNC_COMMIT}"
         with self.db.owner() as conn:
-            result = conn.execute(
+            row = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
                     f" WHERE id = :id AND fence = :fence AND state = 'running'{commit}"
+                    " RETURNING give_away"
                 ),
                 {"id": claim.child_id, "fence": claim.fence, **params},
-            )
-            if result.rowcount != 1:
+            ).first()
+            if row is None:
                 raise LeaseLost(lease_lost(claim))
+            return row
 
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
-        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost."""
-        self._fenced_update(
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool:
+        """Commit the child's checkpoint (and renew its lease), or raise LeaseLost. True when
+        it is asked to give work away (docs/elastic.md)."""
+        row = self._fenced_update(
             claim,
             "checkpoint = CAST(:cp AS jsonb),"
             " lease_expires_at = now() + make_interval(secs => :ttl)",
@@ -292,6 +297,14 @@ class ChildStore(ChildReads):
             cp=json.dumps(state),
             ttl=lease_ttl,
         )
+        return bool(row.give_away)
+
+    def give_away(
+        self, claim: Claim, run_id: int, keys: tuple[str, str], end: int, at: int, deferred: bool
+    ) -> Gift | None:
+        """``steals.give_away``: this child keeps ``[a, at - 1]``, a new one gets the rest."""
+        child = (claim.child_id, claim.fence)
+        return steals.give_away(self.db, child, run_id, keys, end, at, deferred)
 
     def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
         """running -> succeeded under our fence, with the function's return value (JSON text,

@@ -193,6 +193,10 @@ class ChildRow(Base):
     sent_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+    # straggler stealing (docs/elastic.md): asked to give the rest's second half away at its
+    # next checkpoint; how many cuts made its range what it is
+    give_away: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    cuts: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
 
     __table_args__ = (
         UniqueConstraint("run_id", "index"),

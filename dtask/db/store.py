@@ -19,6 +19,7 @@ from dtask.db.recovery import RecoveryStore
 from dtask.db.retention import RetentionStore
 from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
+from dtask.db.steals import StealStore
 from dtask.db.tokens import TokenStore
 from dtask.db.workers import WorkerStore
 
@@ -45,3 +46,4 @@ class Store:
         self.metrics = MetricsStore(self.db)
         self.leases = LeaseStore(self.db)
         self.retention = RetentionStore(self.db)
+        self.steals = StealStore(self.db)

@@ -6,15 +6,28 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, TypeVar
 
 from dtask.domain.limits import json_bytes
+from dtask.domain.stealing import cut
 from dtask.exceptions import ChildStopped, InvalidCheckpoint, LeaseLost
 
 T = TypeVar("T")
 
-CheckpointWriter = Callable[[Any], None]
+CheckpointWriter = Callable[[Any], "bool | None"]  # True: asked to give work away
+
+
+@dataclass
+class Stealable:
+    """A range child's bounds ``[a, b]`` and how it gives the second half of its rest away
+    (straggler stealing, docs/elastic.md): ``give(at)`` commits ``[a, at - 1]`` as its range
+    and ``[at, b]`` as a new child's, and says whether it did."""
+
+    a: int
+    b: int
+    give: Callable[[int], bool]
 
 
 class _ChildLog(logging.LoggerAdapter[logging.Logger]):
@@ -51,6 +64,7 @@ class ChildContext:
         lease_lost: Callable[[], bool] = lambda: False,
         template: str = "",
         max_checkpoint: int | None = None,
+        stealable: Stealable | None = None,
     ) -> None:
         self.run_id = run_id
         self.index = index
@@ -70,6 +84,8 @@ class ChildContext:
         self._lease_lost = lease_lost
         self._unsaved: int | None = None  # resume's offset not yet written
         self._max_checkpoint = max_checkpoint
+        self._stealable = stealable
+        self._asked = False  # the last checkpoint said: give work away
         kept = _resumed(checkpoint_state)
         self.state: dict[str, Any] = (
             json.loads(json.dumps(kept[1])) if kept is not None and kept[1] is not None else {}
@@ -90,7 +106,7 @@ class ChildContext:
         if self._lease_lost():
             raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
         self._check(state)
-        self._writer(state)
+        self._asked = bool(self._writer(state))
         self._state = state
         self._unsaved = None
         if self._stop_requested():
@@ -160,7 +176,10 @@ class ChildContext:
         )
         since_write = 0
         last_write = time.monotonic()
+        cuts = self._cuts(items)
         for item in remaining:
+            if cuts is not None and item > cuts.b:  # the rest was given away
+                break
             if self._lease_lost():
                 raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
             if self._stop_requested():
@@ -173,6 +192,23 @@ class ChildContext:
                 self.checkpoint(self._progress(done))
                 since_write = 0
                 last_write = time.monotonic()
+                if self._asked and cuts is not None:
+                    self._give_away(cuts, done)
+
+    def _cuts(self, items: Iterable[Any]) -> Stealable | None:
+        """The child's range, where ``items`` is exactly it (``range(a, b + 1)``): only then
+        does an item's position say which number it is, and may the rest be cut."""
+        s = self._stealable
+        if s is None or not isinstance(items, range) or items.step != 1:
+            return None
+        return s if (items.start, items.stop) == (s.a, s.b + 1) else None
+
+    def _give_away(self, stealable: Stealable, done: int) -> None:
+        self._asked = False
+        at = cut(stealable.a, stealable.b, done)
+        if at is not None and stealable.give(at):
+            self.log.info("gave %s..%s away to a new child", at, stealable.b)
+            stealable.b = at - 1
 
     def _resume_offset(self) -> int:
         kept = _resumed(self._state)

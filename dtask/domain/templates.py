@@ -121,6 +121,7 @@ class TemplateOptions:
     delay_tolerance: float | None = None  # seconds a run may wait to start; a run may override
     on_late: OnLate = OnLate.RUN
     tier: Tier | None = None  # None: the client's tier (basic without one)
+    stealable: bool = True  # a range child may give its rest's second half away (elastic.md)
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,13 @@ class Template:
         produce = getattr(split, "iterate", split)  # RangeSplit: one at a time
         with self._user_code("split"):
             return check_specs(produce(rendered), max_children, max_spec)
+
+    def range_keys(self) -> tuple[str, str] | None:
+        """The spec keys of a child's range ``[a, b]`` where its running children may give
+        work away (a ``RangeSplit``, not ``stealable=False``); None otherwise."""
+        if isinstance(self.split, RangeSplit) and self.options.stealable:
+            return self.split.a, self.split.b
+        return None
 
     def precheck(self, variables: Mapping[str, Any], max_children: int) -> JSON:
         """Validate and render; reject an oversized split early where the strategy can count."""
@@ -484,10 +492,12 @@ def template(
     on_late: OnLate | str = OnLate.RUN,
     tier: Tier | str | None = None,
     reduce: Reduce | None = None,
+    stealable: bool = True,
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README). ``reduce``, if
     given, receives the list of the children's return values in index order when the run
-    succeeds; what it returns (JSON) is the run's result."""
+    succeeds; what it returns (JSON) is the run's result. ``stealable=False``: a running
+    child of a ``RangeSplit`` never gives work away to a new child (docs/elastic.md)."""
 
     def register(fn: ChildFunction) -> Template:
         return registry.add(
@@ -506,6 +516,7 @@ def template(
                     delay_tolerance=delay_tolerance,
                     on_late=on_late_of(on_late, f"template {name!r}"),
                     tier=_tier(tier, name),
+                    stealable=bool(stealable),
                 ),
                 reduce=reduce,
             )

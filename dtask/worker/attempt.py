@@ -12,12 +12,12 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
 
 from dtask.db import Claim
-from dtask.domain.context import ChildContext
+from dtask.domain.context import ChildContext, Stealable
 from dtask.domain.results import encode_result
 from dtask.domain.runs import ChildState
 from dtask.domain.templates import registry
@@ -30,7 +30,7 @@ from dtask.exceptions import (
     LeaseLost,
 )
 from dtask.settings import Settings
-from dtask.worker import drain, links, runaway
+from dtask.worker import drain, links, runaway, steals
 from dtask.worker.child_store import LifecycleStore, hand_over, patiently
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_if_last
@@ -38,6 +38,7 @@ from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
 
 log = logging.getLogger("dtask.worker")
+T = TypeVar("T")
 TRACEBACK_KEPT = 16_000  # characters of a failed attempt's traceback kept (its end)
 
 
@@ -106,6 +107,7 @@ class Attempt:
             writer=lambda state: self._write(
                 lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
             ),
+            stealable=self._stealable(),
             checkpoint_interval=options.checkpoint_interval or config.checkpoint_interval,
             checkpoint_every=options.checkpoint_every or config.checkpoint_every,
             max_checkpoint=config.max_checkpoint,
@@ -118,16 +120,39 @@ class Attempt:
         with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
             return self.template.function(self.context, **claim.spec)
 
-    def _write(self, write: Callable[[], None]) -> None:
+    def _write(self, write: Callable[[], T]) -> T:
         """A write under our fence; it renews the lease when it succeeds. Given up on once
         the lease has run out: another worker may be running the child by then."""
         sent_at = time.monotonic()
         try:
-            patiently(write, self.config.lease_ttl, give_up=self.beat.expired)
+            done = patiently(write, self.config.lease_ttl, give_up=self.beat.expired)
         except LeaseLost:
             self.beat.lost.set()
             raise
         self.beat.renewed(sent_at)
+        return done
+
+    def _stealable(self) -> Stealable | None:
+        """The child's range and how it gives the rest's second half away (elastic.md)."""
+        keys = self.template.range_keys()
+        if keys is None:
+            return None
+        a, b = (self.claim.spec.get(k) for k in keys)
+        if not (isinstance(a, int) and isinstance(b, int)):
+            return None
+        stealable = Stealable(a, b, lambda at: self._give_away(stealable, keys, at))
+        return stealable
+
+    def _give_away(self, stealable: Stealable, keys: tuple[str, str], at: int) -> bool:
+        d, claim = self.delivery, self.claim
+        deferred = self.config.dispatch == "window"
+        gift = self._write(
+            lambda: self.store.children.give_away(claim, d.run_id, keys, stealable.b, at, deferred)
+        )
+        if gift is None:
+            return False
+        steals.after_gift(self.store, d.run_id, gift, deferred)
+        return True
 
     def _hand_back(self) -> None:
         """A drain's hand-over of the running child (from the signal handler)."""

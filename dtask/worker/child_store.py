@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from dtask.db import Claim, Redispatch
+from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, RunState
 from dtask.exceptions import DatabaseUnavailable
 from dtask.worker.finalize import Finalizes
@@ -25,7 +26,10 @@ class ChildWrites(Protocol):
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None: ...
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None: ...
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None: ...
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool: ...
+    def give_away(
+        self, claim: Claim, run_id: int, keys: tuple[str, str], end: int, at: int, deferred: bool
+    ) -> Gift | None: ...
     def finish(
         self, claim: Claim, final_checkpoint: Any | None, result: str | None = None
     ) -> None: ...

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from dtask import services
 from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, window
+from dtask.domain.stealing import pick
+from dtask.domain.templates import registry
 from dtask.settings import Settings
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.loop import Loop
@@ -144,6 +146,40 @@ def nudge() -> None:
         log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
 
 
+def ask(settings: Settings) -> int:
+    """Where a queue's live slots outnumber its children out (running, or sent and not yet
+    taken) and nothing waits, ask as many stragglers as there are free slots, the most work
+    left first (``dtask.domain.stealing.pick``): each gives its rest's second half away at
+    its next checkpoint. How many were asked."""
+    store = services.store()
+    out = store.steals.out()
+    if not out:
+        return 0
+    keys = {name: k for name in registry.names() if (k := registry.get(name).range_keys())}
+    if not keys:
+        return 0
+    workers = store.workers.live(settings.worker_seen_within)
+    asked = 0
+    for queue, busy in out.items():
+        slots = sum(w.slots for w in workers if (queue or DEFAULT_QUEUE) in w.queues)
+        free = slots - busy
+        if free <= 0:
+            continue
+        candidates = store.steals.candidates(queue or None, keys)
+        for _ in range(free):
+            chosen = pick(candidates)
+            if chosen is None:
+                break
+            candidates.remove(chosen)
+            if store.steals.ask(chosen.run_id, chosen.index):
+                asked += 1
+                log.info(
+                    "run %s child %s asked to give work away (%s of %s..%s done; %s free slots)",
+                    chosen.run_id, chosen.index, chosen.done, chosen.a, chosen.b, free,
+                )  # fmt: skip
+    return asked
+
+
 PASS_SLOT = "pass:dispatcher"
 
 
@@ -153,7 +189,8 @@ def loop(settings: Settings) -> Loop:
     cluster's next slot (one statement), and a pass that found nothing puts the next slot ten
     intervals away. The others find the slot taken and ask again at the slow pace (ten
     intervals): an idle worker costs PostgreSQL that one statement, not a pass. A split's
-    ``nudge`` passes at once, slot or not."""
+    ``nudge`` passes at once, slot or not. A pass that found nothing waiting asks stragglers
+    to give work away where slots are free (``ask``)."""
     slow = 10 * settings.dispatch_interval
 
     def once() -> int | None:
@@ -162,6 +199,7 @@ def loop(settings: Settings) -> Loop:
             return None  # the cluster's pass this slot is another worker's
         found = _here.once()
         if found == 0:
+            ask(settings)  # nothing waits: free slots take work from stragglers
             leases.next_due_in(PASS_SLOT, slow)
         return found
 

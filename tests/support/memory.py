@@ -22,6 +22,7 @@ import pytest
 from dtask import services
 from dtask.db import ChildView, Claim, Finished, Refusal
 from dtask.db.children import _exhausted, lease_lost
+from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
 from dtask.settings import Settings
@@ -166,12 +167,37 @@ class MemoryChildren:
             row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
             row.sent_at = self.t.clock()
 
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> None:
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool:
         self._hook("checkpoint", claim)
         with self.t.lock:
             row = self._owned(claim, "checkpoint")
             row.checkpoint = jsonb(state)
             row.lease_expires_at = self.t.clock() + lease_ttl
+            return row.give_away
+
+    def give_away(
+        self, claim: Claim, run_id: int, keys: tuple[str, str], end: int, at: int, deferred: bool
+    ) -> Gift | None:
+        self._hook("give_away", claim)
+        a_key, b_key = keys
+        with self.t.lock:
+            row = self._owned(claim, "give_away")
+            if row.spec.get(b_key) != end or not row.spec.get(a_key, at) < at:
+                raise LeaseLost(f"run {run_id}: a child's range changed under its fence")
+            run = self.t.runs[run_id]
+            if run.state is not RunState.RUNNING:
+                return None
+            assert run.child_total is not None and run.chord_size is not None
+            spec = {**row.spec, a_key: at, b_key: end}
+            row.spec = {**row.spec, b_key: at - 1}
+            row.give_away, row.cuts = False, row.cuts + 1
+            index = run.child_total
+            run.child_total, run.chord_size = run.child_total + 1, run.chord_size + 1
+            run.unsent += 1 if deferred else 0
+            child = ChildRow(max(self.t.children) + 1, run_id, index, spec, row.max_attempts)
+            child.cuts, child.sent_at = row.cuts, None if deferred else self.t.clock()
+            self.t.children[child.id] = child
+            return Gift(index, spec, run.template, run.group_id, run.chord_size)
 
     def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
         self._hook("finish", claim)

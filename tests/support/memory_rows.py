@@ -83,6 +83,8 @@ class ChildRow:
     started_at: float | None = None
     finished_at: float | None = None
     sent_at: float | None = None
+    give_away: bool = False
+    cuts: int = 0
 
     def view(self) -> ChildView:
         """As ``ChildReads.view`` reads it: a running child is in its first attempt at least

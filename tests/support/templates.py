@@ -18,6 +18,7 @@ def _sink(ctx: dtask.ChildContext) -> Path:
 
 @dtask.template(
     "flaky_range",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "fail_at": int},
     skeleton={"start": 1, "end": "${n}", "fail_at": "${fail_at}"},
     split=dtask.RangeSplit("start", "end", chunk=100, carry=("fail_at",)),
@@ -71,6 +72,7 @@ def free_form(ctx: dtask.ChildContext, steps: int) -> None:
 
 @dtask.template(
     "slow_range",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "delay": float},
     skeleton={"start": 1, "end": "${n}", "delay": "${delay}"},
     split=dtask.RangeSplit("start", "end", chunk=20, carry=("delay",)),
@@ -89,6 +91,7 @@ def slow_range(ctx: dtask.ChildContext, a: int, b: int, delay: float) -> None:
 
 @dtask.template(
     "held_range",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "delay": float, "hold": str},
     skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "hold": "${hold}"},
     split=dtask.RangeSplit("start", "end", chunk=20, carry=("delay", "hold")),
@@ -113,6 +116,7 @@ def held_range(ctx: dtask.ChildContext, a: int, b: int, delay: float, hold: str)
 
 @dtask.template(
     "slow_split",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int},
     skeleton={"start": 1, "end": "${n}"},
     split=lambda r: __import__("time").sleep(2) or dtask.RangeSplit("start", "end", chunk=10)(r),
@@ -135,6 +139,7 @@ def _split_when_let(rendered: dict[str, object]) -> list[dict[str, int]]:
 
 @dtask.template(
     "held_split",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "hold": str},
     skeleton={"start": 1, "end": "${n}", "hold": "${hold}"},
     split=_split_when_let,
@@ -165,6 +170,7 @@ def poison(ctx: dtask.ChildContext, a: int, b: int, bad: int) -> None:
 
 @dtask.template(
     "blocked_range",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int},
     skeleton={"start": 1, "end": "${n}"},
     split=dtask.RangeSplit("start", "end", chunk=20),
@@ -224,6 +230,7 @@ def broken_split(ctx: dtask.ChildContext, a: int) -> None:
 
 @dtask.template(
     "long_split",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "seconds": float},
     skeleton={"start": 1, "end": "${n}", "seconds": "${seconds}"},
     split=lambda r: (
@@ -446,3 +453,40 @@ def by_slots(ctx: dtask.ChildContext, a: int, b: int) -> None:
     """As many children as the live slots when it splits (docs/elastic.md)."""
     with _sink(ctx).open("a") as out:
         out.writelines(f"{i}\n" for i in range(a, b + 1))
+
+
+def _straggle(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
+    """``delay`` a number, ten times that for the numbers in ``slow`` (its first to last)."""
+    import time
+
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            time.sleep(delay * (10 if slow[0] <= i <= slow[1] else 1))
+            out.write(f"{i}\n")
+            out.flush()
+
+
+_STRAGGLER: dict[str, object] = {
+    "params": {"n": int, "delay": float, "slow_from": int, "slow_to": int},
+    "skeleton": {
+        "start": 1,
+        "end": "${n}",
+        "delay": "${delay}",
+        "slow": ["${slow_from}", "${slow_to}"],
+    },
+    "split": dtask.RangeSplit("start", "end", parts=4, carry=("delay", "slow")),
+    "checkpoint_every": 5,
+    "checkpoint_interval": 3600,
+}
+
+
+@dtask.template("straggler", **_STRAGGLER)  # type: ignore[arg-type]
+def straggler(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
+    """Four children, the one holding ``slow_from..slow_to`` ten times slower (elastic.md)."""
+    _straggle(ctx, a, b, delay, slow)
+
+
+@dtask.template("straggler_fixed", stealable=False, **_STRAGGLER)  # type: ignore[arg-type]
+def straggler_fixed(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
+    """``straggler`` whose children never give work away."""
+    _straggle(ctx, a, b, delay, slow)
