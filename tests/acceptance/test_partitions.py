@@ -72,6 +72,7 @@ def net(
     request: pytest.FixtureRequest, namespaces_available: None, dtask_env: dict[str, str]
 ) -> Iterator[Net]:
     """A namespace for the worker to be cut; ``request.param`` is the broker: redis or rabbitmq."""
+    resolved = services.ensure_broker()  # the embedded Redis runs: the relay pipes to it
     url = make_url(services.database_url())
     pg_socket = f"{url.query['host']}/.s.PGSQL.{url.port or 5432}"
     redis_socket = str(embedded.redis_socket(Path(dtask_env["DTASK_HOME"])))
@@ -89,8 +90,7 @@ def net(
         relays.append(netns.Relay(mq.host, (amqp.hostname or "", amqp.port or 5672)))
         where = f"{amqp.username}:{amqp.password}@{mq.host}:{relays[2].port}"
         broker = urlunsplit((amqp.scheme, where, amqp.path, "", ""))
-        resolved = services.ensure_broker()  # the embedded services, named: not a mix
-        outside.update(
+        outside.update(  # the embedded services, named: not a mix
             DTASK_DATABASE_URL=resolved.database_url,
             DTASK_BROKER_URL=AMQP,
             DTASK_RESULT_BACKEND=resolved.result_backend,

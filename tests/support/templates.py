@@ -285,6 +285,7 @@ def hangs_capped(ctx: dtask.ChildContext, a: int, b: int, hang_at: int, how: str
 
 @dtask.template(
     "stamped_range",
+    stealable=False,  # its tests check each child's own numbers (docs/elastic.md)
     params={"n": int, "delay": float, "every": int},
     skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "every": "${every}"},
     split=dtask.RangeSplit("start", "end", chunk=200, carry=("delay", "every")),
