@@ -179,6 +179,11 @@ class ChildFailed(DtaskError):
     """A child task failed for good (no attempts left)."""
 
 
+class CommandFailed(DtaskError):
+    """A command template's command exited with a code other than 0 (or was killed): a failed
+    attempt, whose error holds the code and the end of its stderr."""
+
+
 class UpstreamNotFound(RunNotFound):
     """A run named in ``after`` (by id or trigger key) does not exist."""
 

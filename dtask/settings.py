@@ -112,7 +112,10 @@ class Settings(BaseSettings):
     )
     templates: Annotated[tuple[str, ...], NoDecode] = Field(
         (),
-        description="comma-separated modules that register templates",
+        description=(
+            "comma-separated modules that register templates, and TOML files of command"
+            " templates (paths ending in .toml; docs/commands.md)"
+        ),
     )
     max_children: int = Field(
         100_000,
@@ -439,10 +442,10 @@ class Settings(BaseSettings):
     @classmethod
     def _module_names(cls, modules: tuple[str, ...]) -> tuple[str, ...]:
         for module in modules:
-            if not _MODULE.fullmatch(module):
+            if not (_MODULE.fullmatch(module) or module.endswith(".toml")):
                 raise ValueError(
-                    f"names {module[:60]!r}, which is not a module name (dotted, like"
-                    " myjobs.templates; no relative or file names)"
+                    f"names {module[:60]!r}, which is neither a module name (dotted, like"
+                    " myjobs.templates) nor a TOML file of command templates (jobs.toml)"
                 )
         return modules
 

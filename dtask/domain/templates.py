@@ -456,6 +456,10 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self._templates
 
+    def discard(self, name: str) -> None:
+        """Forget a template (one a test loaded from a file)."""
+        self._templates.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._templates)
 

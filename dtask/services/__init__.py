@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from dtask import settings as settings_module
 from dtask.db import Database, Limits, Store, engine_for, schema
@@ -139,8 +140,9 @@ def current_folder_importable() -> None:
 
 
 def load_templates(config: Settings | None = None) -> None:
-    """Import the sample templates and every module named in DTASK_TEMPLATES (once). The
-    current folder is importable, as it is for ``celery -A``."""
+    """Import the sample templates and every module named in DTASK_TEMPLATES, and load its
+    TOML files of command templates (once). The current folder is importable, as it is for
+    ``celery -A``; a relative TOML path is read from it."""
     global _loaded_templates
     if _loaded_templates:
         return
@@ -149,6 +151,11 @@ def load_templates(config: Settings | None = None) -> None:
     if modules:
         current_folder_importable()
     for module in modules:
+        if module.endswith(".toml"):  # command templates (docs/commands.md)
+            from dtask.services import command_templates
+
+            command_templates.load(Path(module).expanduser().absolute())
+            continue
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -1,0 +1,117 @@
+"""Command templates (docs/commands.md): argv from a child's spec without a shell, the lines a
+command prints to dtask, and TOML files checked when loaded (one line naming file and key)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dtask.domain.commands import Command, exit_error, message
+from dtask.domain.templates import registry
+from dtask.exceptions import CommandFailed, TemplateDefinitionError
+from dtask.services import command_templates
+
+HOSTILE = ["; rm -rf /", "$(touch /tmp/owned)", "`id`", "a b", "'\"", "--flag=x"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_variable_reaches_the_command_as_one_literal_argument(value: str) -> None:
+    command = Command(("./bin/p", "--name", "${name}", "--at=${a}"))
+    assert command.line({"name": value, "a": 7}) == ["./bin/p", "--name", value, "--at=7"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_with_shell_true_each_value_is_quoted(value: str) -> None:
+    import subprocess
+
+    line = Command(("printf '%s\\n' ${name} $$HOME-x",), shell=True).line({"name": value})
+    assert line[:2] == ["/bin/sh", "-c"]
+    printed = subprocess.run(line, capture_output=True, text=True, check=True).stdout
+    assert printed.splitlines()[0] == value
+
+
+def test_protocol_lines_and_errors() -> None:
+    assert message('::checkpoint {"done": 3}\n') == ("checkpoint", {"done": 3})
+    assert message("::result [1, 2]") == ("result", [1, 2])
+    assert message("12\n") is None and message(":: checkpoint x") is None
+    with pytest.raises(CommandFailed, match="::checkpoint line that is not JSON"):
+        message("::checkpoint {oops")
+    assert exit_error(3, ["a\n", "boom\n"]) == (
+        "the command exited with code 3; its stderr ended with:\na\nboom"
+    )
+    assert exit_error(-9, []) == "the command killed by signal 9"
+
+
+@pytest.fixture
+def toml(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    name = f"cmd_{uuid.uuid4().hex[:8]}"
+    yield tmp_path / "jobs.toml", name
+    registry.discard(name)
+
+
+GOOD = """
+[template.{name}]
+params = {{ n = "int", folder = {{ type = "str", default = "in" }} }}
+skeleton = {{ start = 1, end = "${{n}}", folder = "${{folder}}" }}
+split = {{ range = ["start", "end"], parts = 4, carry = ["folder"] }}
+command = ["./bin/process", "--from", "${{a}}", "--to", "${{b}}", "--in", "${{folder}}"]
+env = {{ MODE = "fast" }}
+max_attempts = 2
+execution_cap = 60
+"""
+
+
+def test_a_toml_template_loads_and_plans_like_a_python_one(toml: tuple[Path, str]) -> None:
+    path, name = toml
+    path.write_text(GOOD.format(name=name))
+    (template,) = command_templates.load(path)
+    assert registry.get(name) is template
+    assert (template.options.max_attempts, template.options.execution_cap) == (2, 60)
+    assert template.range_keys() is None  # a command is never cut
+    specs = template.plan({"n": 8}, 100)
+    assert specs[0] == '{"a":1,"b":2,"folder":"in"}' and len(specs) == 4
+    command = template.function.command  # type: ignore[attr-defined]
+    assert command.cwd == str(path.parent) and dict(command.env) == {"MODE": "fast"}
+    assert command.line({"a": 1, "b": 2, "folder": "x y"})[-2:] == ["--in", "x y"]
+    command_templates.load(path)  # loaded again (a reload): the same template, no error
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("max_attempts = 2", "max_attemps = 2"), r"unknown key 'max_attemps' \(known: "),
+        (("max_attempts = 2", 'max_attempts = "2"'), "max_attempts must be int, got str '2'"),
+        (('"${{a}}", "--to"', '"${{x}}", "--to"'), r"command: \$\{x\} names no key of a child"),
+        (('end = "${{n}}"', 'end = "${{m}}"'), r"placeholders \['m'\] are not parameters"),
+        (('n = "int"', 'n = "integer"'), "params.n: type 'integer' is not one of int"),
+        (("parts = 4", 'parts = "cores"'), 'split: RangeSplit parts must be a number, "slots"'),
+        (('range = ["start", "end"]', 'range = "start"'), "split.range must name the skeleton"),
+        (('env = {{ MODE = "fast" }}', "env = {{ MODE = 1 }}"), "env.MODE must be a string"),
+        (("command = [", "shell = true\ncommand = ["), "with shell = true, command is one line"),
+        (("max_attempts = 2", 'tier = "gold"'), "tier 'gold' is not one of basic"),
+    ],
+)
+def test_a_wrong_toml_template_is_one_line_naming_the_file_and_key(
+    toml: tuple[Path, str], change: tuple[str, str], expected: str
+) -> None:
+    path, name = toml
+    path.write_text(GOOD.replace(*change).format(name=name))
+    with pytest.raises(TemplateDefinitionError, match=expected) as raised:
+        command_templates.load(path)
+    assert str(raised.value).startswith(f"{path}: ") and "\n" not in str(raised.value)
+    assert name not in registry
+
+
+def test_a_file_that_is_not_toml_or_has_no_template_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.toml"
+    path.write_text("[template.x\n")
+    with pytest.raises(TemplateDefinitionError, match=f"^{path}: not TOML: "):
+        command_templates.load(path)
+    path.write_text("[jobs.x]\n")
+    with pytest.raises(TemplateDefinitionError, match="unknown key 'jobs'"):
+        command_templates.load(path)
+    with pytest.raises(TemplateDefinitionError, match="cannot be read"):
+        command_templates.load(tmp_path / "missing.toml")
