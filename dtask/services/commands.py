@@ -8,6 +8,7 @@ DTASK_CHECKPOINT), ``::result {json}`` is the child's result; every other line i
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -46,14 +47,28 @@ class CommandChild:
             "DTASK_CHILD_INDEX": str(ctx.index),
             "DTASK_ATTEMPT": str(ctx.attempt),
         }
-        proc = subprocess.Popen(
-            command.line(spec), env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-            start_new_session=True, preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        argv = command.line(spec)
+        try:
+            proc = subprocess.Popen(
+                argv, env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except OSError as exc:  # not found, not executable, no such folder
+            where = f" in {command.cwd}" if command.cwd else ""
+            why = f"the command {argv[0]!r} could not start{where}: {exc.strerror}"
+            raise CommandFailed(why) from None
+        with proc:  # its pipes closed and the process waited for, however it ends
+            result, code, stderr = self._follow(proc, ctx)
+        if code != 0:
+            raise CommandFailed(exit_error(code, stderr))
+        return result
+
+    def _follow(self, proc: subprocess.Popen[str], ctx: ChildContext) -> tuple[Any, int, list[str]]:
+        """Until the command exits: its result, exit code and the end of its stderr."""
         assert proc.stdout is not None and proc.stderr is not None
         stderr: collections.deque[str] = collections.deque(maxlen=STDERR_KEPT)
-        errors = threading.Thread(target=stderr.extend, args=(proc.stderr,), daemon=True)
+        errors = threading.Thread(target=_keep, args=(proc.stderr, stderr), daemon=True)
         errors.start()
         result = None
         try:
@@ -62,17 +77,15 @@ class CommandChild:
                 if said is None:
                     print(line, end="" if line.endswith("\n") else "\n")
                 elif said[0] == "checkpoint":
-                    ctx.checkpoint(said[1])  # raises when the child must stop: see finally
+                    ctx.checkpoint(said[1])  # raises when the child must stop: see below
                 else:
                     result = said[1]
             code = proc.wait()
         except BaseException:
-            _stop(proc, command.grace)
+            _stop(proc, self.command.grace)
             raise
         errors.join(5)
-        if code != 0:
-            raise CommandFailed(exit_error(code, list(stderr)))
-        return result
+        return result, code, list(stderr)
 
 
 def _lines(stdout: IO[str], proc: subprocess.Popen[str], ctx: ChildContext) -> Iterator[str]:
@@ -82,8 +95,9 @@ def _lines(stdout: IO[str], proc: subprocess.Popen[str], ctx: ChildContext) -> I
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
-        for line in stdout:
-            lines.put(line)
+        with contextlib.suppress(ValueError, OSError):  # closed under it: the command ended
+            for line in stdout:
+                lines.put(line)
         lines.put(None)
 
     threading.Thread(target=read, daemon=True).start()
@@ -99,6 +113,11 @@ def _lines(stdout: IO[str], proc: subprocess.Popen[str], ctx: ChildContext) -> I
             raise ChildStopped(f"run {ctx.run_id} child {ctx.index} stopped")
         if line:
             yield line
+
+
+def _keep(stream: IO[str], kept: collections.deque[str]) -> None:
+    with contextlib.suppress(ValueError, OSError):  # closed under it: the command ended
+        kept.extend(stream)
 
 
 def _stop(proc: subprocess.Popen[str], grace: float) -> None:

@@ -3,10 +3,12 @@ command prints to dtask, and TOML files checked when loaded (one line naming fil
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from dtask.domain.commands import Command, exit_error, message
@@ -115,3 +117,47 @@ def test_a_file_that_is_not_toml_or_has_no_template_is_named(tmp_path: Path) -> 
         command_templates.load(path)
     with pytest.raises(TemplateDefinitionError, match="cannot be read"):
         command_templates.load(tmp_path / "missing.toml")
+
+
+def test_a_command_that_cannot_start_is_one_line(tmp_path: Path) -> None:
+    from dtask.domain.context import ChildContext
+    from dtask.services.commands import CommandChild
+
+    ctx = ChildContext(
+        run_id=1, index=0, attempt=1, checkpoint_state=None, writer=lambda state: None,
+        checkpoint_interval=60, checkpoint_every=100,
+    )  # fmt: skip
+    child = CommandChild(Command(("./missing", "${a}"), cwd=str(tmp_path)), "test")
+    with pytest.raises(CommandFailed, match=r"^the command './missing' could not start in "):
+        child(ctx, a=1)
+
+
+@pytest.mark.parametrize("ignores_term", [False, True])
+def test_a_stop_request_ends_the_command_sigterm_then_sigkill(
+    tmp_path: Path, ignores_term: bool
+) -> None:
+    """A drain, a cancel or the execution cap (``ctx.should_stop()``): the command's session
+    gets SIGTERM, then SIGKILL after the grace; its last checkpoint is committed again."""
+    import time
+
+    from dtask.domain.context import ChildContext
+    from dtask.exceptions import ChildStopped
+    from dtask.services.commands import CommandChild
+
+    asked = time.monotonic() + 0.5
+    written: list[object] = []
+    ctx = ChildContext(
+        run_id=1, index=0, attempt=1, checkpoint_state={"next": 5},
+        writer=lambda state: written.append(state), checkpoint_interval=60,
+        checkpoint_every=100, stop_requested=lambda: time.monotonic() > asked,
+    )  # fmt: skip
+    trap = "trap '' TERM; " if ignores_term else ""
+    script = f"{trap}echo $$$$ > pid; sleep 30 & echo $! > child; wait"  # $$: a literal $
+    child = CommandChild(Command(("/bin/sh", "-c", script), cwd=str(tmp_path), grace=0.5), "t")
+    with pytest.raises(ChildStopped):
+        child(ctx)
+    assert written == [{"next": 5}]
+    for name in ("pid", "child"):  # the shell and what it started: the whole session
+        pid = int((tmp_path / name).read_text())
+        with contextlib.suppress(psutil.NoSuchProcess):  # a zombie is dead (reaped late)
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
