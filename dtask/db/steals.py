@@ -108,11 +108,13 @@ class StealStore:
         self.db = db
 
     def out(self) -> dict[str, int]:
-        """Children running or sent and not yet taken, by queue (None: the default)."""
+        """Children running or sent and not yet taken, by queue (None: the default); a child
+        asked and not yet answered counts twice (the child it is about to make)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT coalesce(r.queue, '') AS queue, count(*) AS n"
+                    "SELECT coalesce(r.queue, '') AS queue,"
+                    " count(*) + count(*) FILTER (WHERE c.give_away) AS n"
                     " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
                     " WHERE r.state = 'running' AND (c.state = 'running'"
                     "   OR (c.state = 'pending' AND c.sent_at IS NOT NULL))"

@@ -6,6 +6,7 @@ long child's heartbeat) is tested on the in-memory store, tests/unit/test_batch_
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from sqlalchemy.engine import Engine
 from dtask import services
 from dtask.db import Store
 from dtask.domain.runs import ChildState, NewRun, RunState
+from dtask.worker import batch
 from dtask.worker.batch import children as children_message
 from tests.support.db import children
 
@@ -59,7 +61,9 @@ def test_each_child_of_a_message_is_written_once(
     n = 40
     run_id, items = split(store, n)
     statements.clear()
+    began = time.monotonic()
     children_message.apply(args=(run_id, "tiny", f"group-{uuid.uuid4()}", None, items))
+    took = time.monotonic() - began
     writes = [s for s in statements if "dtask_children" in s]
 
     assert children(run_id) == [(i, "succeeded", 1) for i in range(n)]
@@ -67,8 +71,12 @@ def test_each_child_of_a_message_is_written_once(
     assert Counter(int(i) for i in ran) == Counter(range(n))
     # the claim of them all, their successes, the run's last-child check and its finalize's
     # count: 2 n + 4 before (a start and a finish per child), n + 4 with one statement per
-    # child; more where the message outlasts batch.UNWRITTEN_FOR on a busy machine
-    assert len(writes) <= 4 + n // 4, Counter(s.split(" SET")[0][:60] for s in writes)
+    # child. Within batch.UNWRITTEN_FOR of the claim the successes are held and written
+    # together; a message that outlasts it (a busy machine: seen in a full run) writes each
+    # later child's start with the successes before it, still once per child at most.
+    held = took < batch.UNWRITTEN_FOR
+    most = 4 + n // 4 if held else 4 + n
+    assert len(writes) <= most, (took, Counter(s.split(" SET")[0][:60] for s in writes))
 
 
 def test_children_taken_before_count_their_attempts_as_they_start(
