@@ -1,9 +1,10 @@
 """Straggler stealing measured (docs/elastic.md): four `dtask worker -c 2` (8 slots) on the
 embedded PostgreSQL and Redis; a run of four 200-number children whose third is ten times
 slower (2 s a child, 20 s the straggler), with ``stealable=False`` and with stealing, three
-times each in turn. Wall time, pieces made, numbers done twice, and the slots in use over
-time (sampled every 0.1 s from PostgreSQL): bench/out/elastic.json, the table printed, and
-docs/benchmarks/elastic.png.
+times each in turn; the same for a command template over a shell script
+(tests/support/commands/straggle.sh, ``stealable = true`` in its TOML file). Wall time,
+pieces made, numbers done twice, and the slots in use over time (sampled every 0.1 s from
+PostgreSQL): bench/out/elastic.json, the table printed, and docs/benchmarks/elastic.png.
 
     .venv/bin/python -m bench.elastic
 """
@@ -11,6 +12,7 @@ docs/benchmarks/elastic.png.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -21,6 +23,11 @@ from bench.cluster import REPO, Workers, prepare_environment
 
 N, DELAY, REPEATS = 800, 0.01, 3
 SLOW = {"slow_from": 401, "slow_to": 600}
+JOBS = REPO / "tests" / "support" / "commands" / "jobs.toml"  # its DELAY and SLOW are ours
+PAIRS = {  # without stealing, with it
+    "Python": ("bench_straggler_fixed", "bench_straggler"),
+    "command": ("straggler_cmd_fixed", "straggler_cmd"),
+}
 
 
 def one(template: str, sink: Path) -> dict[str, object]:
@@ -30,7 +37,8 @@ def one(template: str, sink: Path) -> dict[str, object]:
     from dtask import services
 
     started = time.monotonic()
-    run = dtask.submit(template, {"n": N, "delay": DELAY, **SLOW})
+    delay = {} if template in PAIRS["command"] else {"delay": DELAY}
+    run = dtask.submit(template, {"n": N, **delay, **SLOW})
     used: list[tuple[float, int]] = []
     engine = services.store().engine
     while not run.ready():
@@ -62,8 +70,7 @@ def plot(results: list[dict[str, object]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    for template, label in (("bench_straggler_fixed", "stealable=False"),
-                            ("bench_straggler", "stealing")):  # fmt: skip
+    for template, label in zip(PAIRS["Python"], ("stealable=False", "stealing"), strict=True):
         first = next(r for r in results if r["template"] == template)
         used = first["used"]
         assert isinstance(used, list)
@@ -80,6 +87,8 @@ def plot(results: list[dict[str, object]], out: Path) -> None:
 
 def main() -> int:
     work = prepare_environment()
+    os.environ["DTASK_TEMPLATES"] += f",{JOBS}"
+    os.environ["DTASK_TEST_SINK"] = str(work / "sink")  # where straggle.sh writes
     from dtask import services
     from dtask.client.workers import slots_for
     from dtask.services import embedded
@@ -94,7 +103,7 @@ def main() -> int:
         while slots_for("dtask") < 8:
             time.sleep(0.1)
         for _ in range(REPEATS):
-            for template in ("bench_straggler_fixed", "bench_straggler"):
+            for template in [t for pair in PAIRS.values() for t in pair]:
                 results.append(one(template, work / "sink"))
                 print(json.dumps({k: v for k, v in results[-1].items() if k != "used"}))
     finally:
@@ -103,20 +112,19 @@ def main() -> int:
     (REPO / "bench" / "out").mkdir(exist_ok=True)
     (REPO / "bench" / "out" / "elastic.json").write_text(json.dumps(results) + "\n")
     plot(results, REPO / "docs" / "benchmarks" / "elastic.png")
-    walls = {
-        t: statistics.median(float(r["wall"]) for r in results if r["template"] == t)  # type: ignore[arg-type]
-        for t in ("bench_straggler_fixed", "bench_straggler")
-    }
-    fixed, stolen = walls["bench_straggler_fixed"], walls["bench_straggler"]
-    pieces = [r["pieces"] for r in results if r["template"] == "bench_straggler"]
-    twice = sum(int(r["twice"]) for r in results)  # type: ignore[call-overload]
     print(f"| | wall (median of {REPEATS}) | children |")
     print("|---|---|---|")
-    print(f"| stealable=False | {fixed:.1f} s | 4 |")
-    print(f"| stealing | {stolen:.1f} s | {pieces} |")
-    print(
-        f"stealing finishes {100 * (1 - stolen / fixed):.0f} % sooner; numbers done twice: {twice}"
-    )
+    twice = sum(int(str(r["twice"])) for r in results)
+    for kind, (fixed_t, stolen_t) in PAIRS.items():
+        fixed, stolen = (
+            statistics.median(float(str(r["wall"])) for r in results if r["template"] == t)
+            for t in (fixed_t, stolen_t)
+        )
+        pieces = [r["pieces"] for r in results if r["template"] == stolen_t]
+        print(f"| {kind}, not stealable | {fixed:.1f} s | 4 |")
+        print(f"| {kind}, stealing | {stolen:.1f} s | {pieces} |")
+        print(f"{kind}: stealing finishes {100 * (1 - stolen / fixed):.0f} % sooner")
+    print(f"numbers done twice in all {len(results)} runs: {twice}")
     return 0
 
 

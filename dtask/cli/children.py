@@ -82,7 +82,8 @@ def show_child(run_id: int, index: int, as_json: bool) -> int:
     if child.error:
         print(f"  error      {child.error}")
     if child.output:
-        print("  the last lines its latest failed attempt printed:")
+        whose = "its success" if child.state.value == "succeeded" else "its latest failed attempt"
+        print(f"  the last lines {whose} printed:")
         for line in child.output.splitlines():
             print(f"    {line}")
     if child.traceback:

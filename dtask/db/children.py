@@ -81,18 +81,19 @@ def unfinished(run: str) -> str:
     )
 
 
-def finish(cp: str = ":cp", result: str = ":result") -> str:
+def finish(cp: str = ":cp", result: str = ":result", output: str = ":output") -> str:
     """A child's success, under the caller's fence (``cp`` its last checkpoint, ``result`` its
-    return value, both JSON text)."""
+    return value, both JSON text; ``output`` the last lines it printed)."""
     return (
         "state = 'succeeded', finished_at = now(),"
         f" checkpoint = coalesce(CAST({cp} AS jsonb), checkpoint), owner = NULL,"
-        " lease_expires_at = NULL, error = NULL, traceback = NULL, output = NULL,"
-        f" result = CAST({result} AS jsonb)"
+        " lease_expires_at = NULL, error = NULL, traceback = NULL,"
+        f" output = CAST({output} AS text), result = CAST({result} AS jsonb)"
     )
 
 
 FINISH = finish()
+BATCH_FINISH = finish("v.cp", "v.result", "v.output")  # write_batch's values
 
 
 # A claimed child starts (its attempt counted, its lease from now), under the caller's fence
@@ -104,12 +105,13 @@ _START = (
 
 @dataclass(frozen=True)
 class Finished:
-    """A claimed child's success, not yet written: its claim, last checkpoint and result (JSON
-    text)."""
+    """A claimed child's success, not yet written: its claim, last checkpoint, result (JSON
+    text) and the last lines it printed (worker/output.py)."""
 
     claim: Claim
     checkpoint: Any | None
     result: str | None
+    output: str | None = None
 
 
 def _claim(row: Row[Any]) -> Claim:
@@ -234,8 +236,9 @@ class ChildStore(ChildReads):
                 sql(
                     "WITH v AS (SELECT * FROM unnest(CAST(:ids AS bigint[]),"
                     "   CAST(:fences AS bigint[]), CAST(:cps AS text[]), CAST(:results AS text[]),"
-                    "   CAST(:counts AS int[])) AS v(id, fence, cp, result, counts)),"
-                    f" done AS (UPDATE dtask_children c SET {finish('v.cp', 'v.result')},"
+                    "   CAST(:counts AS int[]), CAST(:outputs AS text[]))"
+                    "   AS v(id, fence, cp, result, counts, output)),"
+                    f" done AS (UPDATE dtask_children c SET {BATCH_FINISH},"
                     "   attempt = c.attempt + v.counts, updated_at = now(),"
                     "   started_at = coalesce(c.started_at, now())"
                     "   FROM v WHERE c.id = v.id AND c.fence = v.fence AND c.state = 'running'"
@@ -252,6 +255,7 @@ class ChildStore(ChildReads):
                     "cps": [json_or_none(d.checkpoint) for d in done],
                     "results": [d.result for d in done],
                     "counts": [d.claim.uncounted for d in done],
+                    "outputs": [d.output for d in done],
                     "id": None if claim is None else claim.child_id,
                     "fence": None if claim is None else claim.fence,
                     "ttl": lease_ttl,
@@ -306,14 +310,21 @@ class ChildStore(ChildReads):
         child = (claim.child_id, claim.fence)
         return steals.give_away(self.db, child, run_id, keys, end, at, deferred)
 
-    def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
+    def finish(
+        self,
+        claim: Claim,
+        final_checkpoint: Any | None,
+        result: str | None = None,
+        output: str | None = None,
+    ) -> None:
         """running -> succeeded under our fence, with the function's return value (JSON text,
-        checked by the caller), or raise LeaseLost."""
+        checked by the caller) and the last lines it printed, or raise LeaseLost."""
         self._fenced_update(
             claim,
             f"{FINISH}, attempt = attempt + :counts",
             cp=json_or_none(final_checkpoint),
             result=result,
+            output=output,
             counts=claim.uncounted,
         )
 

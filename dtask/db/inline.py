@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from dtask.db import deps
-from dtask.db.children import FINISH, Claim, json_or_none, lease_lost
+from dtask.db.children import FINISH, Claim, Finished, json_or_none, lease_lost
 from dtask.db.database import sql
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
@@ -100,9 +100,7 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, offer: Inl
 def finish(
     conn: Connection,
     run_id: int,
-    claim: Claim,
-    checkpoint: Any | None,
-    result: str | None,
+    done: Finished,
     chained: list[int] | None = None,
 ) -> list[int] | None:
     """The child succeeded under our fence (LeaseLost if it is no longer ours), and with it
@@ -115,14 +113,15 @@ def finish(
             " WHERE id = :id AND fence = :fence AND state = 'running'"
         ),
         {
-            "id": claim.child_id,
-            "fence": claim.fence,
-            "cp": json_or_none(checkpoint),
-            "result": result,
+            "id": done.claim.child_id,
+            "fence": done.claim.fence,
+            "cp": json_or_none(done.checkpoint),
+            "result": done.result,
+            "output": done.output,
         },
     )
     if child.rowcount != 1:
-        raise LeaseLost(lease_lost(claim))
+        raise LeaseLost(lease_lost(done.claim))
     run = conn.execute(
         sql(
             "UPDATE dtask_runs SET state = 'succeeded', error = NULL, finished_at = now(),"

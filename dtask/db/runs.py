@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from dtask.db import deps, inline, statistics
-from dtask.db.children import Claim
+from dtask.db.children import Finished
 from dtask.db.database import lock_run, sql
 from dtask.db.inline import Inline
 from dtask.db.run_inserts import RunInserts
@@ -320,16 +320,14 @@ class RunStore(RunInserts):
     def finish_alone(
         self,
         run_id: int,
-        claim: Claim,
-        checkpoint: Any | None,
-        result: str | None,
+        done: Finished,
         chained: list[int] | None = None,
     ) -> list[int] | None:
         """A run's only child succeeded, and the run with it, in one transaction (for a run
         whose template has no reduce): :func:`dtask.db.inline.finish`."""
         with self.db.tx() as conn:
             lock_run(conn, run_id, wait=True)
-            return inline.finish(conn, run_id, claim, checkpoint, result, chained)
+            return inline.finish(conn, run_id, done, chained)
 
     def add_chain(self, run_id: int, chain: dict[str, Any]) -> RunState:
         """Keep ``chain`` (the rest of a Celery chain a ``dtask.submit`` task took over, as

@@ -30,6 +30,7 @@ class Command:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     grace: float = GRACE
+    stealable: bool = False  # it reads its range's end back after each checkpoint
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) for a in self.argv):
@@ -76,6 +77,13 @@ def message(line: str) -> tuple[str, Any] | None:
                     f" {line[:200]!r}"
                 ) from None
     return None
+
+
+def done_of(checkpoint: Any) -> int | None:
+    """How many numbers of its range a stealable command's checkpoint says are done
+    (``{"done": k, ...}``); None for another checkpoint."""
+    done = checkpoint.get("done") if isinstance(checkpoint, dict) else None
+    return done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None
 
 
 def exit_error(code: int, stderr: Sequence[str]) -> str:

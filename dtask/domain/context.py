@@ -193,7 +193,7 @@ class ChildContext:
                 since_write = 0
                 last_write = time.monotonic()
                 if self._asked and cuts is not None:
-                    self._give_away(cuts, done)
+                    self._cut(cuts, done)
 
     def _cuts(self, items: Iterable[Any]) -> Stealable | None:
         """The child's range, where ``items`` is exactly it (``range(a, b + 1)``): only then
@@ -203,7 +203,20 @@ class ChildContext:
             return None
         return s if (items.start, items.stop) == (s.a, s.b + 1) else None
 
-    def _give_away(self, stealable: Stealable, done: int) -> None:
+    def give_away(self, done: int | None) -> int | None:
+        """For a child that walks its range itself (``resume`` does this for its caller):
+        after a ``checkpoint`` at which the dispatcher asked for work, give the second half
+        of what is not done (``done`` numbers from the range's start) to a new child. The
+        last number this child still owns (its range's end, moved earlier by a cut); None
+        for a child whose range cannot be cut. ``done`` None: nothing is given away."""
+        s = self._stealable
+        if s is None:
+            return None
+        if self._asked and done is not None:
+            self._cut(s, done)
+        return s.b
+
+    def _cut(self, stealable: Stealable, done: int) -> None:
         self._asked = False
         at = cut(stealable.a, stealable.b, done)
         if at is not None and stealable.give(at):

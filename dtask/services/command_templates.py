@@ -28,7 +28,7 @@ from dtask.services.commands import CommandChild
 TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 KEYS = {
     "params", "skeleton", "split", "command", "shell", "env", "cwd", "grace", "queue", "tier",
-    "max_attempts", "execution_cap", "delay_tolerance",
+    "max_attempts", "execution_cap", "delay_tolerance", "stealable",
 }  # fmt: skip
 SPLIT_KEYS = {"range", "chunk", "parts", "carry"}
 
@@ -79,6 +79,7 @@ def _template(path: Path, name: str, table: Any) -> Template:
             env={k: _text(where, f"env.{k}", v) for k, v in get("env", dict, {}).items()},
             cwd=str((path.parent / cwd) if cwd is not None else path.parent),
             grace=float(get("grace", (int, float), GRACE)),
+            stealable=get("stealable", bool, False),
         ),
     )
     missing = sorted(command.names() - spec_keys) if spec_keys is not None else []
@@ -94,7 +95,7 @@ def _template(path: Path, name: str, table: Any) -> Template:
         execution_cap=get("execution_cap", (int, float), None),
         delay_tolerance=get("delay_tolerance", (int, float), None),
         tier=None if tier is None else _tier(where, tier),
-        stealable=False,  # a command cannot be told its range shrank
+        stealable=command.stealable,  # only a command that reads its end back (commands.md)
     )
     try:
         return Template(

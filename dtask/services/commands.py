@@ -3,7 +3,9 @@ outliving it (PR_SET_PDEATHSIG: a SIGKILLed pool process takes its command along
 session of its own (SIGTERM, then SIGKILL after the grace, reach the command's own children
 on a drain, a cancel or the execution cap). It talks to dtask through its stdout:
 ``::checkpoint {json}`` commits a checkpoint (the next attempt reads it from
-DTASK_CHECKPOINT), ``::result {json}`` is the child's result; every other line is its output."""
+DTASK_CHECKPOINT), ``::result {json}`` is the child's result; every other line is its output.
+A stealable command (``stealable = true``) reads one line from its stdin after each of its
+checkpoints: the last number of its range, moved earlier where a steal took the rest."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import IO, Any
 
-from dtask.domain.commands import Command, exit_error, message
+from dtask.domain.commands import Command, done_of, exit_error, message
 from dtask.domain.context import ChildContext
 from dtask.exceptions import ChildStopped, CommandFailed
 
@@ -50,7 +52,8 @@ class CommandChild:
         argv = command.line(spec)
         try:
             proc = subprocess.Popen(
-                argv, env=env, cwd=command.cwd, stdin=subprocess.DEVNULL,
+                argv, env=env, cwd=command.cwd,
+                stdin=subprocess.PIPE if command.stealable else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
                 start_new_session=True, preexec_fn=_die_with_parent,
             )  # fmt: skip
@@ -58,6 +61,8 @@ class CommandChild:
             where = f" in {command.cwd}" if command.cwd else ""
             why = f"the command {argv[0]!r} could not start{where}: {exc.strerror}"
             raise CommandFailed(why) from None
+        if proc.stdin is not None:  # a command that stops reading never blocks the child
+            os.set_blocking(proc.stdin.fileno(), False)
         with proc:  # its pipes closed and the process waited for, however it ends
             result, code, stderr = self._follow(proc, ctx)
         if code != 0:
@@ -78,6 +83,8 @@ class CommandChild:
                     print(line, end="" if line.endswith("\n") else "\n")
                 elif said[0] == "checkpoint":
                     ctx.checkpoint(said[1])  # raises when the child must stop: see below
+                    if proc.stdin is not None:
+                        _reply(proc.stdin, ctx.give_away(done_of(said[1])))
                 else:
                     result = said[1]
             code = proc.wait()
@@ -113,6 +120,13 @@ def _lines(stdout: IO[str], proc: subprocess.Popen[str], ctx: ChildContext) -> I
             raise ChildStopped(f"run {ctx.run_id} child {ctx.index} stopped")
         if line:
             yield line
+
+
+def _reply(stdin: IO[str], end: int | None) -> None:
+    """The range's end, after a checkpoint, to a stealable command; dropped when it is not
+    reading (its pipe full) or gone."""
+    with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        os.write(stdin.fileno(), f"{'' if end is None else end}\n".encode())
 
 
 def _keep(stream: IO[str], kept: collections.deque[str]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
 
-from dtask.db import Claim
+from dtask.db import Claim, Finished
 from dtask.domain.context import ChildContext, Stealable
 from dtask.domain.results import encode_result
 from dtask.domain.runs import ChildState
@@ -85,7 +85,9 @@ class Attempt:
                 limit = config.max_child_result
                 result = encode_result(value, limit, what, "DTASK_MAX_CHILD_RESULT")
                 final = self.context.unsaved_checkpoint  # with ctx.state: checked as any
-                self._write(lambda: delivery.finish(self.store, claim, final, result))
+                output = self.printed.text() if self.printed else None
+                done = Finished(claim, final, result, output)
+                self._write(lambda: delivery.finish(self.store, done))
         except (LeaseLost, DatabaseUnavailable) as exc:
             self._lost(exc)
             raise

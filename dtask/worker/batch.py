@@ -59,10 +59,8 @@ class InBatch(Delivery):
     def renew(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> RunState | None:
         return self.held.renew(claim, lease_ttl)
 
-    def finish(
-        self, store: LifecycleStore, claim: Claim, checkpoint: Any | None, result: str | None
-    ) -> None:
-        self.held.hold(self.child, claim, checkpoint, result)
+    def finish(self, store: LifecycleStore, done: Finished) -> None:
+        self.held.hold(self.child, done)
 
     def finalize(self, store: LifecycleStore) -> None:
         """The message asks once, after its last child."""
@@ -99,10 +97,10 @@ class Held:
         self.done: list[Finished] = []
         self._lock = threading.Lock()
 
-    def hold(self, child: Redispatch, claim: Claim, checkpoint: Any, result: str | None) -> None:
+    def hold(self, child: Redispatch, done: Finished) -> None:
         with self._lock:
             self.children.append(child)
-            self.done.append(Finished(claim, checkpoint, result))
+            self.done.append(done)
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         config = services.current().settings

@@ -31,7 +31,11 @@ class ChildWrites(Protocol):
         self, claim: Claim, run_id: int, keys: tuple[str, str], end: int, at: int, deferred: bool
     ) -> Gift | None: ...
     def finish(
-        self, claim: Claim, final_checkpoint: Any | None, result: str | None = None
+        self,
+        claim: Claim,
+        final_checkpoint: Any | None,
+        result: str | None = None,
+        output: str | None = None,
     ) -> None: ...
     def release(self, claim: Claim, checkpoint: Any | None) -> None: ...
     def fail_attempt(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from dtask.worker.finalize import finalize_if_last
 
 if TYPE_CHECKING:
-    from dtask.db import Claim
+    from dtask.db import Claim, Finished
     from dtask.domain.runs import RunState
     from dtask.worker.child_store import LifecycleStore
 
@@ -45,10 +45,8 @@ class Delivery:
     def renew(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> RunState | None:
         return store.children.renew_lease(claim, lease_ttl)
 
-    def finish(
-        self, store: LifecycleStore, claim: Claim, checkpoint: Any | None, result: str | None
-    ) -> None:
-        store.children.finish(claim, checkpoint, result)
+    def finish(self, store: LifecycleStore, done: Finished) -> None:
+        store.children.finish(done.claim, done.checkpoint, done.result, done.output)
 
     def finalize(self, store: LifecycleStore) -> None:
         """After a success: the run's last child finalizes it."""

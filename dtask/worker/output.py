@@ -1,5 +1,5 @@
-"""The last lines a child printed, kept beside what its failed attempt recorded (`dtask status
-RUN --child N`); what it prints still goes to the worker's log as before."""
+"""The last lines a child printed, at most KEPT characters, kept with its success or its failed
+attempt (`dtask status RUN --child N`); what it prints still goes to the worker's log."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import deque
 from typing import TextIO
 
 LINES, WIDTH = 20, 500
+KEPT = 4096  # characters: a few KiB per child, whatever it prints
 
 
 class Tail(io.TextIOBase):
@@ -37,4 +38,4 @@ class Tail(io.TextIOBase):
 
     def text(self) -> str | None:
         lines = [*self._lines, *([self._partial] if self._partial else [])]
-        return "\n".join(lines[-LINES:]) or None
+        return "\n".join(lines[-LINES:])[-KEPT:] or None

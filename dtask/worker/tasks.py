@@ -20,7 +20,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from dtask import services
-from dtask.db import Claim, RunRecord, Store
+from dtask.db import Claim, Finished, RunRecord, Store
 from dtask.db.inline import Inline
 from dtask.db.workers import LiveSlots
 from dtask.domain.runs import RunState
@@ -170,15 +170,13 @@ class InMaster(Delivery):
         finally:
             drain.finished()  # a process that got SIGTERM takes no further work
 
-    def finish(
-        self, store: LifecycleStore, claim: Claim, checkpoint: Any | None, result: str | None
-    ) -> None:
+    def finish(self, store: LifecycleStore, done: Finished) -> None:
         if registry.get(self.template).reduce is not None:
-            store.children.finish(claim, checkpoint, result)
+            super().finish(store, done)
             return
         chained: list[int] = []
         whole = services.store()  # its runs finish alone; a LifecycleStore's only finalize
-        released = whole.runs.finish_alone(self.run_id, claim, checkpoint, result, chained)
+        released = whole.runs.finish_alone(self.run_id, done, chained)
         self.finished_run = released is not None
         if chained:
             chains.after_finish(whole, self.run_id)

@@ -110,6 +110,21 @@ def test_a_non_zero_exit_shows_its_code_and_stderr_in_dtask_status(
     assert child_row(status.id, 0).attempt == 2  # retried, then failed for good
 
 
+def test_the_last_lines_a_command_printed_are_kept_with_its_success(
+    workers: list[WorkerProcess],
+) -> None:
+    status = dtask.submit("count_cmd", {"n": 60}).wait(timeout=60)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    shown = subprocess.run(
+        [DTASK, "status", str(status.id), "--child", "1"], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    assert "the last lines its success printed:" in shown, shown
+    kept = [line.strip() for line in shown.split("printed:\n", 1)[1].splitlines()]
+    # the last 20 of its 31 lines: a child printing more keeps no more
+    assert kept == [f"number {i}" for i in range(42, 61)] + ["counted 31..60"], shown
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie is dead: this sandbox's init may reap it late)."""
     try:

@@ -1,8 +1,11 @@
 """Straggler stealing with real workers (docs/elastic.md): four workers of two slots each; a
 run of four children whose third holds a range ten times slower. Its free slots take the
 straggler's rest, piece by piece, and every number is done exactly once; the same run of a
-template with ``stealable=False`` waits for its straggler. A worker SIGKILLed after a cut
-loses nothing: its child resumes from its checkpoint with the range the cut left it."""
+template with ``stealable=False`` waits for its straggler. The same with a command template
+over a shell script (tests/support/commands/straggle.sh) that reads its range's end back
+after each checkpoint. A straggler in a message of several short children is cut as any
+other. A worker SIGKILLed after a cut loses nothing: its child resumes from
+its checkpoint with the range the cut left it."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import dtask
-from tests.conftest import WorkerProcess
+from dtask.services import command_templates
+from tests.conftest import REPO, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -23,14 +27,17 @@ pytestmark = pytest.mark.acceptance
 N, DELAY = 400, 0.01  # children of 100 numbers: 1 s each, the straggler's 10 s
 SLOW = {"slow_from": 201, "slow_to": 300}
 EVERY = 5  # the templates' checkpoint_every
+JOBS = REPO / "tests" / "support" / "commands" / "jobs.toml"
 
 
 @pytest.fixture(scope="module")
 def eight_slots(
     dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[WorkerProcess]]:
+    command_templates.load(JOBS)  # this process submits its templates: it knows them too
+    env = {**dtask_env, "DTASK_TEMPLATES": f"{dtask_env['DTASK_TEMPLATES']},{JOBS}"}
     logs = tmp_path_factory.mktemp("elastic")
-    started = [WorkerProcess(dtask_env, logs / f"w{i}.log", "-c", "2") for i in range(4)]
+    started = [WorkerProcess(env, logs / f"w{i}.log", "-c", "2") for i in range(4)]
     try:
         for worker in started:
             worker.wait_ready()
@@ -49,20 +56,26 @@ def printed(sink: Path, run_id: int) -> Counter[int]:
     )
 
 
+def variables(template: str) -> dict[str, object]:
+    """The command's delays are in its TOML file's env."""
+    return {**SLOW, **({} if "_cmd" in template else {"delay": DELAY})}
+
+
 def timed(template: str) -> tuple[int, float]:
     started = time.monotonic()
-    run = dtask.submit(template, {"n": N, "delay": DELAY, **SLOW})
+    run = dtask.submit(template, {"n": N, **variables(template)})
     status = run.wait(timeout=120)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
     return run.id, time.monotonic() - started
 
 
+@pytest.mark.parametrize("template", ["straggler", "straggler_cmd"])
 def test_free_slots_take_a_stragglers_rest_and_every_number_runs_once(
-    eight_slots: list[WorkerProcess], sink: Path
+    eight_slots: list[WorkerProcess], sink: Path, template: str
 ) -> None:
-    fixed_id, fixed = timed("straggler_fixed")
-    stolen_id, stolen = timed("straggler")
-    print(f"\nstraggler: {fixed:.1f} s with stealable=False, {stolen:.1f} s with stealing")
+    fixed_id, fixed = timed(f"{template}_fixed")
+    stolen_id, stolen = timed(template)
+    print(f"\n{template}: {fixed:.1f} s not stealable, {stolen:.1f} s with stealing")
     assert len(children(fixed_id)) == 4
     pieces = children(stolen_id)
     assert len(pieces) > 4, "no straggler gave work away"
@@ -75,10 +88,34 @@ def test_free_slots_take_a_stragglers_rest_and_every_number_runs_once(
     assert stolen < 0.75 * fixed, (stolen, fixed)
 
 
-def test_a_worker_killed_after_a_cut_loses_nothing(
+def test_a_straggler_in_a_message_of_several_children_is_cut_too(
     eight_slots: list[WorkerProcess], sink: Path
 ) -> None:
-    run = dtask.submit("straggler", {"n": N, "delay": DELAY, **SLOW})
+    """400 children of ten numbers, all but the last done at once: the dispatcher sends them
+    several to a message once it has timed the first; the last, a second a number, gives
+    its rest away from inside its message."""
+    run = dtask.submit("batched_straggler", {"n": 4000, "slow_from": 3991, "slow": 1.0})
+    status = run.wait(timeout=120)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    rows = [
+        (f.name, int(number), message)
+        for f in sink.glob(f"{run.id}-*.txt")
+        for number, message in (line.split() for line in f.read_text().splitlines())
+    ]
+    assert sorted(number for _, number, _ in rows) == list(range(1, 4001))  # each once
+    ran: dict[str, set[str]] = {}  # message id -> the files of the children it ran
+    for name, _, message in rows:
+        ran.setdefault(message, set()).add(name)
+    first = next(message for _, number, message in rows if number == 3991)
+    assert len(ran[first]) > 1, "the straggler had a message of its own"
+    assert len(children(run.id)) > 400, "the straggler gave nothing away"
+
+
+@pytest.mark.parametrize("template", ["straggler", "straggler_cmd"])
+def test_a_worker_killed_after_a_cut_loses_nothing(
+    eight_slots: list[WorkerProcess], sink: Path, template: str
+) -> None:
+    run = dtask.submit(template, {"n": N, **variables(template)})
     wait_for(lambda: len(children(run.id)) > 4, 60, "a first cut")
     owner = wait_for(lambda: child_row(run.id, 2).owner, 30, "the straggler to run")
     victim = next(w for w in eight_slots if os.getpgid(owner_pid(owner)) == w.proc.pid)

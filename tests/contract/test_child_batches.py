@@ -126,11 +126,12 @@ def test_start_with_no_attempt_left_is_refused(world: World) -> None:
 def test_write_batch_writes_each_success_under_its_own_fence(world: World) -> None:
     run = world.run(children=3)
     claims = taken(world, run, [0, 1, 2])
-    done = [Finished(claims[0], {"done": 1}, "0"), Finished(claims[1], None, "1")]
+    done = [Finished(claims[0], {"done": 1}, "0", "said 0"), Finished(claims[1], None, "1")]
     written, started = world.children.write_batch(done, None, 30)
     assert (written, started) == ({claims[0].child_id, claims[1].child_id}, None)
     assert world.seen(run, 0) == (ChildState.SUCCEEDED, 1, None, {"done": 1})
     assert world.seen(run, 1)[:2] == (ChildState.SUCCEEDED, 1)
+    assert (world.output(run, 0), world.output(run, 1)) == ("said 0", None)
     assert world.seen(run, 2)[:3] == (ChildState.RUNNING, 1, "batch")
 
 

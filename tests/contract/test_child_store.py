@@ -171,6 +171,16 @@ def test_a_success_clears_an_earlier_attempt_s_error(world: World) -> None:
     assert world.children.error(run, 0) is None
 
 
+def test_a_success_keeps_what_it_printed_in_place_of_a_failed_attempt_s(world: World) -> None:
+    run = world.run(children=2)
+    world.children.fail_attempt(world.claim(run), "ValueError: one", None, "tried")
+    assert world.output(run, 0) == "tried"
+    world.children.finish(world.claim(run), None, None, "done 1..10")
+    assert world.output(run, 0) == "done 1..10"
+    world.children.finish(world.claim(run, 1), None)
+    assert world.output(run, 1) is None
+
+
 def test_release_hands_the_child_back_once_with_its_attempt_uncounted(world: World) -> None:
     run = world.run()
     c = world.claim(run)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from dtask.db import Refusal
+from dtask.db import Finished, Refusal
 from dtask.db.dispatch import Out
 from dtask.db.inline import Inline
 from dtask.domain.clients import HIGHEST_PRIORITY, LOWEST_PRIORITY
@@ -279,11 +279,12 @@ def test_a_one_child_run_nothing_competes_with_is_taken_by_its_master(world: Wor
     assert refused == Refusal(ClaimRefusal.BUSY)
     started = world.children.start(claim, 30)
     assert started is not None and started.attempt == 1
-    assert world.runs.finish_alone(run_id, started, None, '"done"') == []
+    assert world.runs.finish_alone(run_id, Finished(started, None, '"done"', "said")) == []
+    assert world.output(run_id, 0) == "said"
     status = world.runs.status(run_id)
     assert status.state is RunState.SUCCEEDED
     with pytest.raises(LeaseLost):  # once finished, the fence writes nothing more
-        world.runs.finish_alone(run_id, started, None, None)
+        world.runs.finish_alone(run_id, Finished(started, None, None))
 
 
 def test_the_dispatcher_decides_where_a_one_child_run_competes(world: World) -> None:
@@ -309,5 +310,5 @@ def test_a_lone_child_s_success_releases_what_waits_for_its_run(world: World) ->
     [(_, claim)] = inline.taken
     started = world.children.start(claim, 30)
     assert started is not None
-    assert world.runs.finish_alone(run_id, started, None, None) == [down]
+    assert world.runs.finish_alone(run_id, Finished(started, None, None)) == [down]
     assert world.state(down) is RunState.PENDING

@@ -64,9 +64,7 @@ class Runs(Protocol):
     def finish_alone(
         self,
         run_id: int,
-        claim: Claim,
-        checkpoint: Any | None,
-        result: str | None,
+        done: Finished,
         chained: list[int] | None = None,
     ) -> list[int] | None: ...
     def get(self, run_id: int) -> RunRecord: ...
@@ -142,6 +140,7 @@ class World:
     recovery: Recovery
     workers: Workers
     force: Callable[[int, RunState], None]  # the run's state set, nothing settled
+    output: Callable[[int, int], str | None]  # the last lines the child printed, as kept
 
     def client(self, **limits: Any) -> str:
         """A new client of this test's own (``Client``'s settings as keywords)."""
@@ -243,7 +242,7 @@ def memory() -> World:
 
     return World(
         "memory", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, store.workers, force,
+        store.recovery, store.workers, force, lambda run, i: store.row(run, i).output,
     )  # fmt: skip
 
 
@@ -274,7 +273,11 @@ def postgresql(store: Store) -> World:
                 {"s": state.value, "id": run_id},
             )
 
+    def output(run_id: int, index: int) -> str | None:
+        detail = store.children.detail(run_id, index)
+        return None if detail is None else detail.output
+
     return World(
         "postgresql", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, store.workers, force,
+        store.recovery, store.workers, force, output,
     )  # fmt: skip

@@ -131,7 +131,12 @@ class MemoryChildren:
             return self._start(claim, lease_ttl)
 
     def _succeed(
-        self, row: ChildRow, checkpoint: Any | None, result: str | None, counts: int
+        self,
+        row: ChildRow,
+        checkpoint: Any | None,
+        result: str | None,
+        counts: int,
+        output: str | None = None,
     ) -> None:
         row.attempt = row.counted(counts)
         now = self.t.clock()
@@ -140,7 +145,8 @@ class MemoryChildren:
         )  # fmt: skip
         if checkpoint is not None:
             row.checkpoint = jsonb(checkpoint)
-        row.error = row.traceback = row.output = None
+        row.error = row.traceback = None
+        row.output = output
         row.result = loads(result)
         row.started_at = row.started_at if row.started_at is not None else now
 
@@ -155,7 +161,7 @@ class MemoryChildren:
             for row, d in ours:  # one statement: a CHECK broken by any one refuses them all
                 row.counted(d.claim.uncounted)
             for row, d in ours:
-                self._succeed(row, d.checkpoint, d.result, d.claim.uncounted)
+                self._succeed(row, d.checkpoint, d.result, d.claim.uncounted, d.output)
                 self.written.append(("finish", row.id))
             written = {row.id for row, _ in ours}
             started = None if claim is None else self._start(claim, lease_ttl)
@@ -199,11 +205,17 @@ class MemoryChildren:
             self.t.children[child.id] = child
             return Gift(index, spec, run.template, run.group_id, run.chord_size)
 
-    def finish(self, claim: Claim, final_checkpoint: Any | None, result: str | None = None) -> None:
+    def finish(
+        self,
+        claim: Claim,
+        final_checkpoint: Any | None,
+        result: str | None = None,
+        output: str | None = None,
+    ) -> None:
         self._hook("finish", claim)
         with self.t.lock:
             row = self._owned(claim, "finish")
-            self._succeed(row, final_checkpoint, result, claim.uncounted)
+            self._succeed(row, final_checkpoint, result, claim.uncounted, output)
 
     def note_time(self, run_id: int, seconds: float) -> None:
         with self.t.lock:

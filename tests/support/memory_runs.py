@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dtask.db import Claim, RunRecord
+from dtask.db import Claim, Finished, RunRecord
 from dtask.db.children import lease_lost
 from dtask.db.clients import _client_or_default
 from dtask.db.inline import Inline
@@ -243,19 +243,19 @@ class MemoryRuns:
     def finish_alone(
         self,
         run_id: int,
-        claim: Claim,
-        checkpoint: Any | None,
-        result: str | None,
+        done: Finished,
         chained: list[int] | None = None,
     ) -> list[int] | None:
         """A lone child's success and its run's, in one step (``inline.finish``)."""
+        claim, checkpoint, result = done.claim, done.checkpoint, done.result
         with self.t.lock:
             child = self.t.children.get(claim.child_id)
             if child is None or (child.fence, child.state) != (claim.fence, ChildState.RUNNING):
                 raise LeaseLost(lease_lost(claim))
             child.state, child.finished_at = ChildState.SUCCEEDED, self.t.clock()
             child.owner = child.lease_expires_at = None
-            child.error = child.traceback = child.output = None
+            child.error = child.traceback = None
+            child.output = done.output
             if checkpoint is not None:
                 child.checkpoint = jsonb(checkpoint)
             child.result = loads(result)

@@ -491,3 +491,27 @@ def straggler(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[
 def straggler_fixed(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow: list[int]) -> None:
     """``straggler`` whose children never give work away."""
     _straggle(ctx, a, b, delay, slow)
+
+
+@dtask.template(
+    "batched_straggler",
+    params={"n": int, "slow_from": int, "slow": float},
+    skeleton={"start": 1, "end": "${n}", "slow_from": "${slow_from}", "slow": "${slow}"},
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow_from", "slow")),
+    checkpoint_interval=0.5,  # a checkpoint after each slow number, none in a fast child
+)
+def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow_from: int, slow: float) -> None:
+    """Children of ten numbers done at once, short enough to go several to a message, but
+    for the numbers from ``slow_from`` on, ``slow`` seconds each; each number is written with
+    the id of the Celery message that ran it (test_elastic.py)."""
+    import time
+
+    from celery import current_task
+
+    message = current_task.request.id if current_task else "none"
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            if i >= slow_from:
+                time.sleep(slow)
+            out.write(f"{i} {message}\n")
+            out.flush()

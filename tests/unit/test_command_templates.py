@@ -161,3 +161,50 @@ def test_a_stop_request_ends_the_command_sigterm_then_sigkill(
         pid = int((tmp_path / name).read_text())
         with contextlib.suppress(psutil.NoSuchProcess):  # a zombie is dead (reaped late)
             assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stealable_command_reads_its_ranges_end_back_after_each_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Asked at its second checkpoint, the child gives the second half of its rest away;
+    the command reads the new end (15) and stops there; asked on no other checkpoint."""
+    from dtask.domain.context import ChildContext, Stealable
+    from dtask.services.commands import CommandChild
+
+    written: list[object] = []
+    given: list[int] = []
+    stealable = Stealable(1, 40, lambda at: given.append(at) is None)
+    ctx = ChildContext(
+        run_id=1, index=0, attempt=1, checkpoint_state=None,
+        writer=lambda state: written.append(state) or len(written) == 2,
+        checkpoint_interval=60, checkpoint_every=100, stealable=stealable,
+    )  # fmt: skip
+    script = (
+        'to=$1; i=$0; while [ "$i" -le "$to" ]; do echo "did $i"; i=$((i + 1));'
+        ' if [ $((i % 5)) -eq 1 ]; then echo "::checkpoint {\\"done\\": $((i - 1))}";'
+        ' read -r to; fi; done; echo "::result $to"'
+    )
+    command = Command(("/bin/sh", "-c", script, "${a}", "${b}"), stealable=True)
+    assert CommandChild(command, "t")(ctx, a=1, b=40) == 25
+    assert given == [26]  # done 10 of 1..40: the rest is 11..40, its second half 26..40
+    assert written == [{"done": 5}, {"done": 10}, {"done": 15}, {"done": 20}, {"done": 25}]
+    assert (stealable.a, stealable.b) == (1, 25)
+
+
+def test_a_stealable_command_that_never_reads_its_stdin_runs_to_its_end() -> None:
+    """The replies go to a pipe nobody reads: once it is full they are dropped, and the
+    command's checkpoints still commit."""
+    from dtask.domain.context import ChildContext, Stealable
+    from dtask.services.commands import CommandChild
+
+    written: list[object] = []
+    ctx = ChildContext(
+        run_id=1, index=0, attempt=1, checkpoint_state=None,
+        writer=lambda state: written.append(state), checkpoint_interval=60,
+        checkpoint_every=100, stealable=Stealable(1, 10**12, lambda at: False),
+    )  # fmt: skip
+    script = (
+        'i=0; while [ "$i" -lt 20000 ]; do echo "::checkpoint {\\"done\\": $i}"; i=$((i + 1)); done'
+    )
+    CommandChild(Command(("/bin/sh", "-c", script), stealable=True), "t")(ctx)
+    assert len(written) == 20000  # 20,000 replies of 14 bytes: four times a pipe's 64 KiB

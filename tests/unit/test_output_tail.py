@@ -5,7 +5,7 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dtask.worker.output import LINES, WIDTH, Tail
+from dtask.worker.output import KEPT, LINES, WIDTH, Tail
 
 
 def test_it_writes_through_and_keeps_the_last_lines() -> None:
@@ -27,6 +27,7 @@ def test_what_it_keeps_is_bounded_and_a_suffix_of_what_was_printed(chunks: list[
     kept = tail.text()
     if kept is None:
         return
+    assert len(kept) <= KEPT
     lines = kept.split("\n")
     assert len(lines) <= LINES and all(len(line) <= WIDTH for line in lines)
     printed = "".join(chunks).split("\n")

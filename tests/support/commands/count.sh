@@ -1,7 +1,8 @@
 #!/bin/sh
 # A command template's script (tests/acceptance/test_commands.py): prints its numbers FROM..TO
 # into the test sink, one a DELAY, checkpointing every 100; resumes from DTASK_CHECKPOINT;
-# exits 3 at the number FAIL; writes TAG, as it got it, beside its numbers.
+# exits 3 at the number FAIL; writes TAG, as it got it, beside its numbers; says each number on
+# its stdout, and what it counted at its end.
 from=$2 to=$4 tag=$6 fail=$8
 next=$from
 case "$DTASK_CHECKPOINT" in
@@ -16,10 +17,12 @@ while [ "$i" -le "$to" ]; do
     exit 3
   fi
   echo "$i" >> "$out.txt"
+  echo "number $i"
   sleep "$DELAY"
   i=$((i + 1))
   if [ $(((i - from) % 100)) -eq 0 ]; then
     echo "::checkpoint {\"next\": $i}"
   fi
 done
+echo "counted $from..$to"
 echo "::result {\"count\": $((to - from + 1))}"
