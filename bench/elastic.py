@@ -25,7 +25,7 @@ N, DELAY, REPEATS = 800, 0.01, 3
 SLOW = {"slow_from": 401, "slow_to": 600}
 JOBS = REPO / "tests" / "support" / "commands" / "jobs.toml"  # its DELAY and SLOW are ours
 PAIRS = {  # without stealing, with it
-    "Python": ("bench_straggler_fixed", "bench_straggler"),
+    "Python": ("straggler_fixed", "straggler"),  # tests/support/templates.py's
     "command": ("straggler_cmd_fixed", "straggler_cmd"),
 }
 
@@ -87,8 +87,8 @@ def plot(results: list[dict[str, object]], out: Path) -> None:
 
 def main() -> int:
     work = prepare_environment()
-    os.environ["DTASK_TEMPLATES"] += f",{JOBS}"
-    os.environ["DTASK_TEST_SINK"] = str(work / "sink")  # where straggle.sh writes
+    os.environ["DTASK_TEMPLATES"] += f",tests.support.templates,{JOBS}"
+    os.environ["DTASK_TEST_SINK"] = str(work / "sink")  # where the tests' stragglers write
     from dtask import services
     from dtask.client.workers import slots_for
     from dtask.services import embedded

@@ -32,7 +32,17 @@ PREFIX = "DTASK_"
 
 
 def is_redis(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://", "redis+socket://"))
+    return url.startswith(("redis://", "rediss://", "redis+socket://", "sentinel://"))
+
+
+def is_sentinel(url: str | None) -> bool:
+    """Celery's Redis Sentinel form: ``sentinel://h1:26379;sentinel://h2:26379;...``."""
+    return url is not None and url.startswith("sentinel://")
+
+
+def _urls(url: str) -> list[str]:
+    """The URLs of a Sentinel URL (one per sentinel), or the URL itself."""
+    return re.split(r";(?=sentinel://)", url) if is_sentinel(url) else [url]
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -97,7 +107,19 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(
         None,
         json_schema_extra={"shown": "embedded"},
-        description="Celery broker URL (`redis://host:6379/0`); unset = embedded Redis",
+        description=(
+            "Celery broker URL (`redis://host:6379/0`, `amqp://...`, or Redis Sentinel's "
+            "`sentinel://h1:26379;sentinel://h2:26379;...` with DTASK_SENTINEL_MASTER); unset = "
+            "embedded Redis"
+        ),
+    )
+    sentinel_master: str | None = Field(
+        None,
+        description=(
+            "the master name the sentinels watch (`sentinel monitor NAME ...`) when "
+            "DTASK_BROKER_URL or DTASK_RESULT_BACKEND is a `sentinel://` URL: Celery's "
+            "`master_name` transport option, for both"
+        ),
     )
     result_backend: str | None = Field(
         default_factory=_default_backend,
@@ -464,8 +486,8 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _a_broker_url(cls, url: str | None) -> str | None:
-        if url is not None:
-            _checked_url(url, "redis://host:6379/0 or amqp://user:password@host:5672//")
+        for one in _urls(url) if url is not None else []:
+            _checked_url(one, "redis://host:6379/0 or amqp://user:password@host:5672//")
         return url
 
     @field_validator("result_backend")
@@ -473,9 +495,21 @@ class Settings(BaseSettings):
     def _a_url(cls, url: str | None) -> str | None:
         # Any Celery result backend: with one that counts chords natively (Redis) a run's
         # chord callback finalizes it, with any other its last child does (from PostgreSQL).
-        if url is not None:
-            _checked_url(url, "redis://host:6379/1 or db+postgresql://...")
+        for one in _urls(url) if url is not None else []:
+            _checked_url(one, "redis://host:6379/1 or db+postgresql://...")
         return url
+
+    @model_validator(mode="after")
+    def _a_sentinel_master(self) -> Settings:
+        named = [
+            env_name(f) for f in ("broker_url", "result_backend") if is_sentinel(getattr(self, f))
+        ]
+        if named and not self.sentinel_master:
+            raise ValueError(
+                f"{named[0]} is a sentinel:// URL: set DTASK_SENTINEL_MASTER to the name of the"
+                " master its sentinels watch (sentinel monitor NAME ...)"
+            )
+        return self
 
     @field_validator("heartbeat_interval")
     @classmethod
@@ -736,7 +770,12 @@ def mask(url: str) -> str:
 
     Passwords may hold unescaped `@`, `:` or `/`, so the userinfo is taken to end at the LAST `@`
     and the password to start at the first `:` in it; a stray `@` later on over-masks, never leaks.
+    A Sentinel URL is masked sentinel by sentinel.
     """
+    return ";".join(_mask_one(one) for one in _urls(url))
+
+
+def _mask_one(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url

@@ -3,6 +3,7 @@ session (no system service is used), and real `dtask worker` subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -210,8 +211,16 @@ def workers(
     dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[WorkerProcess]]:
     """Two worker processes (2 pool processes each), shared by a test module."""
-    logs = tmp_path_factory.mktemp("workers")
-    started = [WorkerProcess(dtask_env, logs / f"w{i}.log", "-c", "2") for i in range(2)]
+    with running_workers(dtask_env, tmp_path_factory.mktemp("workers"), 2, "-c", "2") as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_workers(
+    env: dict[str, str], logs: Path, count: int, *args: str
+) -> Iterator[list[WorkerProcess]]:
+    """``count`` workers started with ``args``, each ready; all stopped however it ends."""
+    started = [WorkerProcess(env, logs / f"w{i}.log", *args) for i in range(count)]
     try:
         for worker in started:
             worker.wait_ready()

@@ -8,7 +8,7 @@ from typing import Any
 
 from dtask.domain.tiers import DEFAULT_QUEUE as DEFAULT_QUEUE  # re-exported
 from dtask.services import broker_urls
-from dtask.settings import Settings, is_redis
+from dtask.settings import Settings, is_redis, is_sentinel
 
 # Redis redelivers an unacked message only after this; dtask's own leases handle failover,
 # so it only has to exceed the longest child run (a redelivered duplicate is harmless anyway).
@@ -42,13 +42,26 @@ def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]
         "health_check_interval": max(1, math.ceil(timeout)),
     }
     broker_options = redis_tcp if is_redis(broker) else {}
+    # the sentinels' own connections: a dead sentinel is passed over, not waited on for ever
+    sentinel = {
+        "master_name": config.sentinel_master,
+        "sentinel_kwargs": {"socket_timeout": timeout, "socket_connect_timeout": timeout},
+    }
     return {
-        "broker_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT, **broker_options},
+        "broker_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT,
+            **broker_options,
+            **(sentinel if is_sentinel(broker) else {}),
+        },
+        "result_backend_transport_options": {
+            "visibility_timeout": VISIBILITY_TIMEOUT,
+            **(sentinel if is_sentinel(backend) else {}),
+        },
         "broker_heartbeat": max(2, math.ceil(timeout / 2)),
         "redis_socket_timeout": timeout,
         "redis_socket_connect_timeout": timeout,
         # redis-py's Unix socket connections take no keepalive (the embedded Redis's)
-        "redis_socket_keepalive": backend.startswith(("redis://", "rediss://")),
+        "redis_socket_keepalive": backend.startswith(("redis://", "rediss://", "sentinel://")),
         "redis_backend_health_check_interval": max(1, math.ceil(timeout)),
     }
 
@@ -72,7 +85,6 @@ def celery_settings(config: Settings) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 4,
-        "result_backend_transport_options": {"visibility_timeout": VISIBILITY_TIMEOUT},
         "result_expires": 7 * 24 * 3600,
         "task_publish_retry_policy": {
             "max_retries": 3,

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.acceptance
 
 @pytest.fixture(scope="module")
 def api(dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server, base = start_server(dtask_env, tmp_path_factory.mktemp("api") / "serve.log")
+    jobs = REPO / "tests" / "support" / "commands" / "jobs.toml"  # command templates too
+    env = {**dtask_env, "DTASK_TEMPLATES": f"{dtask_env['DTASK_TEMPLATES']},{jobs}"}
+    server, base = start_server(env, tmp_path_factory.mktemp("api") / "serve.log")
     try:
         yield base
     finally:
@@ -162,6 +164,7 @@ def test_clients_see_only_their_runs_and_a_long_poll_answers_when_the_run_ends(
     assert {c["name"] for c in call(api, "GET", "/clients", admin).body} >= {"api-a", "api-b"}
     templates = {t["name"]: t for t in call(api, "GET", "/templates", a).body}
     assert templates["slow_range"]["params"]["n"]["type"] == "int"
+    assert templates["count_cmd"]["params"]["tag"]["default"] == "plain"  # from a TOML file
     assert len(call(api, "GET", "/workers", a).body) >= 2
 
 

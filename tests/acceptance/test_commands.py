@@ -20,7 +20,7 @@ import dtask
 from dtask import services
 from dtask.services import command_templates
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.conftest import DTASK, REPO, WorkerProcess, running_workers
 from tests.support.db import child_row, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -33,15 +33,8 @@ def workers(
 ) -> Iterator[list[WorkerProcess]]:
     command_templates.load(JOBS)  # this process submits them: it knows them too
     env = {**dtask_env, **FAST, "DTASK_TEMPLATES": f"{dtask_env['DTASK_TEMPLATES']},{JOBS}"}
-    logs = tmp_path_factory.mktemp("commands")
-    started = [WorkerProcess(env, logs / f"w{i}.log", "-c", "2") for i in range(2)]
-    try:
-        for worker in started:
-            worker.wait_ready()
+    with running_workers(env, tmp_path_factory.mktemp("commands"), 2, "-c", "2") as started:
         yield started
-    finally:
-        for worker in started:
-            worker.stop()
 
 
 def numbers(sink: Path, run_id: int) -> Counter[int]:

@@ -19,7 +19,7 @@ import pytest
 
 import dtask
 from dtask.services import command_templates
-from tests.conftest import REPO, WorkerProcess
+from tests.conftest import REPO, WorkerProcess, running_workers
 from tests.support.db import child_row, children, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -36,18 +36,11 @@ def eight_slots(
 ) -> Iterator[list[WorkerProcess]]:
     command_templates.load(JOBS)  # this process submits its templates: it knows them too
     env = {**dtask_env, "DTASK_TEMPLATES": f"{dtask_env['DTASK_TEMPLATES']},{JOBS}"}
-    logs = tmp_path_factory.mktemp("elastic")
-    started = [WorkerProcess(env, logs / f"w{i}.log", "-c", "2") for i in range(4)]
-    try:
-        for worker in started:
-            worker.wait_ready()
+    with running_workers(env, tmp_path_factory.mktemp("elastic"), 4, "-c", "2") as started:
         from dtask.client.workers import slots_for
 
         wait_for(lambda: slots_for("dtask") == 8, 30, "8 live slots")
         yield started
-    finally:
-        for worker in started:
-            worker.stop()
 
 
 def printed(sink: Path, run_id: int) -> Counter[int]:

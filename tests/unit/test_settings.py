@@ -67,6 +67,25 @@ def test_result_backend_defaults_to_a_redis_broker_else_the_embedded_redis(env: 
     assert amqp.embedded_result_backend and not amqp.embedded_broker
 
 
+def test_a_sentinel_broker_needs_its_master_s_name_and_gives_it_to_celery(env: Env) -> None:
+    from dtask.worker.config import celery_settings
+
+    url = "sentinel://h1:26379/0;sentinel://h2:26380/0;sentinel://h3:26381/0"
+    env(DTASK_BROKER_URL=url, DTASK_DATABASE_URL="postgresql://u@h/db")
+    with pytest.raises(ConfigurationError, match=r"^DTASK_BROKER_URL is a sentinel:// URL: set"):
+        load()
+    env(DTASK_SENTINEL_MASTER="mymaster")
+    config = load()
+    assert config.result_backend == url  # a Redis broker's, as for redis://
+    celery = celery_settings(config)
+    for options in ("broker_transport_options", "result_backend_transport_options"):
+        assert celery[options]["master_name"] == "mymaster"
+        assert celery[options]["sentinel_kwargs"]["socket_timeout"] == config.network_timeout
+    env(DTASK_BROKER_URL="sentinel://h1:26379;sentinel://h2:99999")
+    with pytest.raises(ConfigurationError, match="has a bad port '99999'"):
+        load()
+
+
 def test_heartbeat_defaults_to_a_quarter_of_the_lease(env: Env) -> None:
     env(DTASK_LEASE_TTL="6")
     assert load().heartbeat_interval == 1.5
@@ -183,6 +202,10 @@ def test_errors_never_show_a_secret(env: Env) -> None:
         ("u:pw@h/db", "u:***@h/db"),
         ("redis://u:@h/0", "redis://u:@h/0"),
         ("redis+socket:///tmp/r.sock", "redis+socket:///tmp/r.sock"),
+        (
+            "sentinel://:pw@h1:26379/0;sentinel://:p;w@h2:26379/0",
+            "sentinel://:***@h1:26379/0;sentinel://:***@h2:26379/0",
+        ),
         (
             "postgresql+psycopg://postgres@/postgres?host=/x",
             "postgresql+psycopg://postgres@/postgres?host=/x",
