@@ -121,6 +121,14 @@ class Settings(BaseSettings):
             "`master_name` transport option, for both"
         ),
     )
+    rabbitmq_queue_type: Literal["classic", "quorum"] = Field(
+        "classic",
+        description=(
+            "with a RabbitMQ broker, the type of the queues dtask's workers declare: `quorum` "
+            "for replicated quorum queues (Celery's `task_default_queue_type` and "
+            "`task_create_missing_queue_type`; docs/deployment.md)"
+        ),
+    )
     result_backend: str | None = Field(
         default_factory=_default_backend,
         json_schema_extra={
@@ -395,6 +403,15 @@ class Settings(BaseSettings):
         description=(
             "seconds a `schedule_misfired` alert stays open after slots were missed (a schedule "
             "whose slots cannot run stays an alert until they can)"
+        ),
+    )
+    lost_messages_alert: float = Field(
+        600.0,
+        gt=0,
+        le=_YEAR,
+        description=(
+            "seconds a `messages_lost` alert stays open after the reaper last found a queue's "
+            "broker short of messages PostgreSQL had sent (and re-sent them)"
         ),
     )
     worker_forget: float = Field(

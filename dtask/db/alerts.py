@@ -18,6 +18,7 @@ from dtask.domain.alerts import (
     Alert,
     AlertKind,
     Facts,
+    LossFact,
     RunFact,
     ScheduleFact,
     Scope,
@@ -168,6 +169,12 @@ def _facts(conn: Connection, forget_workers_after: float, stalled_after: float) 
             " WHERE enabled AND (last_error IS NOT NULL OR misfired_at IS NOT NULL)"
         )
     ).all()
+    losses = conn.execute(
+        sql(
+            "SELECT queue, missing, resent, extract(epoch FROM now() - found_at) AS found_ago"
+            " FROM dtask_lost_messages"
+        )
+    ).all()
     return Facts(
         tuple(
             WorkerFact(
@@ -196,6 +203,7 @@ def _facts(conn: Connection, forget_workers_after: float, stalled_after: float) 
             )
             for s in schedules
         ),
+        tuple(LossFact(x.queue, x.missing, x.resent, float(x.found_ago)) for x in losses),
     )
 
 

@@ -391,6 +391,18 @@ class CounterRow(Base):
     value: Mapped[float] = mapped_column(Float, server_default=text("0"))
 
 
+class LostMessagesRow(Base):
+    """A queue whose broker held fewer messages than PostgreSQL had sent, as the reaper last
+    found it (the ``messages_lost`` alert)."""
+
+    __tablename__ = "dtask_lost_messages"
+
+    queue: Mapped[str] = mapped_column(String(200), primary_key=True)
+    missing: Mapped[int] = mapped_column(Integer)
+    resent: Mapped[int] = mapped_column(Integer)
+    found_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
 class LeaseRow(Base):
     """A named role one process holds at a time until its lease runs out (the beat that
     runs the host app's own ``beat_schedule`` entries)."""

@@ -201,6 +201,20 @@ class RecoveryStore:
             counters.add(conn, counters.REDISPATCHED, len(rows))
         return [redispatch_from_row(r) for r in rows]
 
+    def note_lost(self, queue: str, missing: int, resent: int) -> None:
+        """The reaper found ``queue``'s broker ``missing`` messages short and re-sent
+        ``resent`` children: the ``messages_lost`` alert's fact."""
+        with self.db.tx() as conn:
+            conn.execute(
+                sql(
+                    "INSERT INTO dtask_lost_messages (queue, missing, resent, found_at)"
+                    " VALUES (:queue, :missing, :resent, now()) ON CONFLICT (queue) DO UPDATE"
+                    " SET missing = excluded.missing, resent = excluded.resent,"
+                    " found_at = excluded.found_at"
+                ),
+                {"queue": queue, "missing": missing, "resent": resent},
+            )
+
     def take_stuck(
         self, stall: float, limit: int = 100, while_moving: int = MASTERS_WHILE_MOVING
     ) -> list[tuple[int, RunState]]:

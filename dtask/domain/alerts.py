@@ -24,6 +24,7 @@ class AlertKind(StrEnum):
     RUN_STALLED = "run_stalled"  # unfinished, nothing changed for DTASK_STALL_ALERT
     RUN_LATE = "run_late"  # past its delay tolerance and not started
     SCHEDULE_MISFIRED = "schedule_misfired"  # slots not run, or missed recently
+    MESSAGES_LOST = "messages_lost"  # a queue's broker lost messages PostgreSQL had sent
 
 
 class Scope(StrEnum):
@@ -40,6 +41,7 @@ SCOPES: dict[AlertKind, Scope] = {
     AlertKind.RUN_STALLED: Scope.RUN,
     AlertKind.RUN_LATE: Scope.RUN,
     AlertKind.SCHEDULE_MISFIRED: Scope.ADMIN,
+    AlertKind.MESSAGES_LOST: Scope.CLUSTER,
 }
 
 
@@ -65,6 +67,7 @@ class Limits:
     idle_after: float
     stalled_after: float
     misfire_shown_for: float  # a missed slot stays an alert this long
+    lost_shown_for: float = 600.0  # a broker's loss stays an alert this long after the last one
 
 
 @dataclass(frozen=True)
@@ -92,10 +95,19 @@ class ScheduleFact:
 
 
 @dataclass(frozen=True)
+class LossFact:
+    queue: str
+    missing: int  # messages the broker was short of, the last time the reaper found a loss
+    resent: int
+    found_ago: float
+
+
+@dataclass(frozen=True)
 class Facts:
     workers: tuple[WorkerFact, ...] = ()
     runs: tuple[RunFact, ...] = ()
     schedules: tuple[ScheduleFact, ...] = ()
+    losses: tuple[LossFact, ...] = ()
 
 
 def duration(seconds: float) -> str:
@@ -152,6 +164,19 @@ def _schedules(facts: Iterable[ScheduleFact], limits: Limits) -> Iterable[Alert]
             yield Alert(AlertKind.SCHEDULE_MISFIRED, s.name, f"schedule {s.name}: {s.misfire}")
 
 
+def _losses(facts: Iterable[LossFact], limits: Limits) -> Iterable[Alert]:
+    for f in facts:
+        if f.found_ago <= limits.lost_shown_for:
+            yield Alert(
+                AlertKind.MESSAGES_LOST,
+                f.queue,
+                f"queue {f.queue}: {f.missing} children sent were neither in the broker nor taken"
+                f" by a worker a stall timeout later (a broker restarted without its data,"
+                f" flushed or failed over; a queue deleted; a worker that died holding them);"
+                f" the reaper re-sent {f.resent} from PostgreSQL",
+            )
+
+
 def evaluate(facts: Facts, limits: Limits) -> list[Alert]:
     """The alerts that hold now, at most one per (kind, subject), in a stable order."""
     found = {
@@ -160,6 +185,7 @@ def evaluate(facts: Facts, limits: Limits) -> list[Alert]:
             *_workers(facts.workers, limits),
             *_runs(facts.runs, limits),
             *_schedules(facts.schedules, limits),
+            *_losses(facts.losses, limits),
         )
     }
     return sorted(found.values())

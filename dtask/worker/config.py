@@ -68,7 +68,10 @@ def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]
 
 def celery_settings(config: Settings) -> dict[str, Any]:
     broker, backend = broker_urls(config)
+    queue_type = config.rabbitmq_queue_type if broker.startswith("amqp") else "classic"
     return {
+        "task_default_queue_type": queue_type,
+        "task_create_missing_queue_type": queue_type,
         "broker_url": broker,
         "result_backend": backend,
         "task_serializer": "json",

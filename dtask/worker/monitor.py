@@ -29,6 +29,7 @@ def limits() -> Limits:
         idle_after=settings.idle_alert,
         stalled_after=settings.stall_alert,
         misfire_shown_for=settings.misfire_alert,
+        lost_shown_for=settings.lost_messages_alert,
     )
 
 

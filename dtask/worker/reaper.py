@@ -272,6 +272,8 @@ def _resend_queue(
             break
         resent += publish(lost, through=sender.producer)
         todo -= len(lost)
+    if resent and missing > 0:
+        store.recovery.note_lost(name, missing, resent)
     if resent:
         log.warning(
             "reaper: queue %r: re-sent %d children not claimed within %g s (%d pending, %d"

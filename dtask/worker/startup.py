@@ -78,8 +78,15 @@ def before_start(
     queues = app.amqp.queues
     # Celery's Queues keeps the set a worker without -Q consumes as it was when made: add()
     # would only route to dtask's queue. select_add joins that set; -Q, applied after this
-    # signal, still narrows the worker to what it names (then _check_queues warns).
-    queues.select_add(DEFAULT_QUEUE)
+    # signal, still narrows the worker to what it names (then _check_queues warns). The queue
+    # as the app declares it (its task_queues entry, or Celery's default or missing queue with
+    # their queue type): select_add of a bare name would declare a classic queue.
+    try:
+        ours = queues[DEFAULT_QUEUE]
+    except KeyError:  # task_create_missing_queues off and not among its task_queues
+        ours = DEFAULT_QUEUE
+    queues.select_add(ours)
+    _check_queue(app, queues[DEFAULT_QUEUE])
     given = options.get("prefetch_multiplier")
     if _consumes_dtask(_consumed(queues, options)):
         prefetch = conf.worker_prefetch_multiplier if given is None else given
@@ -103,6 +110,29 @@ def before_start(
             " this machine sees (set DTASK_DATABASE_URL and DTASK_BROKER_URL for a cluster)",
             flush=True,
         )
+
+
+def _check_queue(app: Any, queue: Any) -> None:
+    """On RabbitMQ, dtask's queue declared as the worker will declare it: one that exists with
+    other arguments (a classic queue, DTASK_RABBITMQ_QUEUE_TYPE=quorum) is one line and exit
+    2, not Celery's traceback. A broker that does not answer is left to Celery's retries."""
+    if not str(app.conf.broker_url).startswith("amqp"):
+        return
+    with app.connection_for_write() as conn:
+        try:
+            queue.bind(conn.default_channel).declare()
+        except conn.connection_errors:
+            return
+        except conn.channel_errors as exc:
+            why = getattr(exc, "reply_text", str(exc))
+            print(
+                f"dtask: RabbitMQ refuses queue {queue.name!r} as this worker declares it"
+                f" ({why}): a queue keeps the type it was made with; delete it (or use a new"
+                " vhost) to change DTASK_RABBITMQ_QUEUE_TYPE",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2) from None
 
 
 def _load_templates() -> None:

@@ -3,8 +3,8 @@ run of four children whose third holds a range ten times slower. Its free slots 
 straggler's rest, piece by piece, and every number is done exactly once; the same run of a
 template with ``stealable=False`` waits for its straggler. The same with a command template
 over a shell script (tests/support/commands/straggle.sh) that reads its range's end back
-after each checkpoint. A straggler in a message of several short children is cut as any
-other. A worker SIGKILLed after a cut loses nothing: its child resumes from
+after each checkpoint (tests/integration/test_batch_steal.py cuts one inside a message of
+several). A worker SIGKILLed after a cut loses nothing: its child resumes from
 its checkpoint with the range the cut left it."""
 
 from __future__ import annotations
@@ -79,29 +79,6 @@ def test_free_slots_take_a_stragglers_rest_and_every_number_runs_once(
         assert set(seen.values()) == {1}, "a number ran twice"
     # ten times ~1 s of slow numbers spread over free slots; the bench measures it exactly
     assert stolen < 0.75 * fixed, (stolen, fixed)
-
-
-def test_a_straggler_in_a_message_of_several_children_is_cut_too(
-    eight_slots: list[WorkerProcess], sink: Path
-) -> None:
-    """400 children of ten numbers, all but the last done at once: the dispatcher sends them
-    several to a message once it has timed the first; the last, a second a number, gives
-    its rest away from inside its message."""
-    run = dtask.submit("batched_straggler", {"n": 4000, "slow_from": 3991, "slow": 1.0})
-    status = run.wait(timeout=120)
-    assert status.state is dtask.RunState.SUCCEEDED, status.error
-    rows = [
-        (f.name, int(number), message)
-        for f in sink.glob(f"{run.id}-*.txt")
-        for number, message in (line.split() for line in f.read_text().splitlines())
-    ]
-    assert sorted(number for _, number, _ in rows) == list(range(1, 4001))  # each once
-    ran: dict[str, set[str]] = {}  # message id -> the files of the children it ran
-    for name, _, message in rows:
-        ran.setdefault(message, set()).add(name)
-    first = next(message for _, number, message in rows if number == 3991)
-    assert len(ran[first]) > 1, "the straggler had a message of its own"
-    assert len(children(run.id)) > 400, "the straggler gave nothing away"
 
 
 @pytest.mark.parametrize("template", ["straggler", "straggler_cmd"])

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dtask.domain.alerts import Scope, kinds_of
 from tests.conftest import DTASK, REPO
 from tests.support.api import call, start_server, token
 from tests.support.db import wait_for
@@ -177,4 +178,4 @@ def test_alerts_name_only_runs_the_token_may_see(api: str, tokens: dict[str, str
         if alert["kind"].startswith("run_"):
             assert call(api, "GET", f"/runs/{alert['subject']}", b).status == 200, alert
         else:
-            assert alert["kind"].startswith("worker_"), alert
+            assert alert["kind"] in kinds_of(Scope.CLUSTER), alert

@@ -30,6 +30,7 @@ from tests.acceptance.test_faults import (
 from tests.conftest import REPO
 from tests.support.broker import waiting
 from tests.support.db import children, wait_for
+from tests.support.pauses import pause_after
 
 pytestmark = pytest.mark.acceptance
 __all__ = ["broker_env", "cluster"]  # the fault tests' fixtures: both brokers, two workers
@@ -131,3 +132,50 @@ def _splitting(run_id: int) -> bool:
                 {"ns": RUN_LOCKS, "run": run_id},
             ).scalar_one()
         )
+
+
+def lose_everything(cluster: Cluster) -> None:
+    """The broker loses every message: Redis FLUSHALL; RabbitMQ's queue deleted."""
+    broker = cluster.env.get("DTASK_BROKER_URL")
+    if broker is None:  # the embedded Redis
+        import redis
+
+        from dtask.services import embedded
+
+        redis.Redis(unix_socket_path=str(embedded.redis_socket(cluster.home))).flushall()
+        return
+    from kombu import Connection
+
+    with Connection(broker) as conn:
+        conn.channel().queue_delete("dtask")
+
+
+def test_the_broker_losing_every_message_mid_run_costs_time_not_work(cluster: Cluster) -> None:
+    """Every message gone mid-run (the queue, the chord's counts on Redis): the reaper re-sends
+    the children PostgreSQL says are overdue, within 1.5 stall timeouts, each runs once, the
+    run finishes, and a ``messages_lost`` alert names the queue."""
+    n = 200
+    run_id = cluster.submit("tagged", n=n, delay=0.05)
+    wait_for(
+        lambda: sum(s == "succeeded" for _, s, _ in children(run_id)) >= n // 4, 60, "a quarter"
+    )
+    lost = time.time()
+    lose_everything(cluster)
+    status = dtask.get_run(run_id).wait(timeout=90)
+    took = time.time() - lost
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    rows = children(run_id)
+    assert [s for _, s, _ in rows] == ["succeeded"] * n
+    assert len(list(cluster.sink.glob(f"{run_id}-*.txt"))) == n
+    redone = sum(1 for _, _, attempt in rows if attempt > 1)
+    _, resumed = pause_after(cluster.sink, run_id, lost)
+    print(
+        f"\nevery message lost: children started again {resumed:.1f} s later, the run finished"
+        f" {took:.1f} s later, {redone} children redone"
+    )
+    assert redone == 0
+    alert = wait_for(
+        lambda: [a for a in services.store().alerts.open() if a.kind == "messages_lost"], 30,
+        "the messages_lost alert",
+    )  # fmt: skip
+    assert alert[0].subject == "dtask" and "were neither in the broker" in alert[0].message

@@ -495,15 +495,19 @@ def straggler_fixed(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow:
 
 @dtask.template(
     "batched_straggler",
-    params={"n": int, "slow_from": int, "slow": float},
-    skeleton={"start": 1, "end": "${n}", "slow_from": "${slow_from}", "slow": "${slow}"},
-    split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow_from", "slow")),
+    params={"n": int, "slow_from": int, "slow_to": int, "slow": float},
+    skeleton={
+        "start": 1,
+        "end": "${n}",
+        "slow": ["${slow_from}", "${slow_to}", "${slow}"],
+    },
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow",)),
     checkpoint_interval=0.5,  # a checkpoint after each slow number, none in a fast child
 )
-def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow_from: int, slow: float) -> None:
+def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]) -> None:
     """Children of ten numbers done at once, short enough to go several to a message, but
-    for the numbers from ``slow_from`` on, ``slow`` seconds each; each number is written with
-    the id of the Celery message that ran it (test_elastic.py)."""
+    for the numbers ``slow[0]`` to ``slow[1]``, ``slow[2]`` seconds each; each number is
+    written with the id of the Celery message that ran it (test_elastic.py)."""
     import time
 
     from celery import current_task
@@ -511,7 +515,7 @@ def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow_from: int, s
     message = current_task.request.id if current_task else "none"
     with _sink(ctx).open("a") as out:
         for i in ctx.resume(range(a, b + 1)):
-            if i >= slow_from:
-                time.sleep(slow)
+            if slow[0] <= i <= slow[1]:
+                time.sleep(slow[2])
             out.write(f"{i} {message}\n")
             out.flush()

@@ -9,6 +9,7 @@ from dtask.domain.alerts import (
     AlertKind,
     Facts,
     Limits,
+    LossFact,
     RunFact,
     ScheduleFact,
     WorkerFact,
@@ -61,6 +62,20 @@ def test_runs_stalled_or_late_and_schedules_that_misfired() -> None:
         ("run_stalled", "1"), ("run_late", "2"), ("schedule_misfired", "broken"),
         ("schedule_misfired", "missed"),
     }  # fmt: skip
+
+
+def test_a_broker_s_loss_is_an_alert_until_it_is_old() -> None:
+    facts = Facts(
+        losses=(
+            LossFact("dtask", missing=180, resent=180, found_ago=5),
+            LossFact("dtask.premium", missing=3, resent=3, found_ago=601),
+        )
+    )
+    assert kinds(facts) == {("messages_lost", "dtask")}
+    (alert,) = evaluate(facts, LIMITS)
+    assert alert.message.startswith("queue dtask: 180 children sent were neither in the broker")
+    later = Facts(losses=(LossFact("dtask", missing=180, resent=180, found_ago=300),))
+    assert evaluate(later, LIMITS) == [alert]  # the same message: no rewrite every pass
 
 
 worker_facts = st.builds(
