@@ -1,7 +1,8 @@
 """PostgreSQL failover (docs/deployment.md): a primary and its streaming standby
 (tests/support/replicas.py), workers on a ``DTASK_DATABASE_URL`` naming both hosts with
 ``target_session_attrs=read-write``. The primary is stopped as a crash in the middle of a run
-and the standby promoted; the workers follow it and the run finishes with every item done. With
+and the standby promoted; the workers, a beat and `dtask serve` follow it (the beat fires its
+schedule, the API answers from the new primary) and the run finishes with every item done. With
 synchronous (and with asynchronous, caught up) replication nothing committed is lost and no item
 is done twice; with a standby that lags (its WAL receiver stopped for the last seconds) the
 fences make the lost tail safe: a child whose last writes were lost runs again from its last
@@ -9,6 +10,7 @@ kept checkpoint, and is counted once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +25,8 @@ import pytest
 
 from dtask import services
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, running_workers
+from tests.conftest import DTASK, REPO, BeatProcess, running_workers
+from tests.support.api import call, start_server, token
 from tests.support.db import wait_for
 from tests.support.replicas import Replicated, replicated
 
@@ -60,6 +63,13 @@ def run_state(pair: Replicated, run_id: int) -> str | None:
     return None if row is None else str(row[0])
 
 
+def pulses(pair: Replicated) -> int:
+    """Runs the beat made of the ``pulse`` schedule."""
+    with psycopg.connect(pair.conninfo) as conn:
+        row = conn.execute("SELECT count(*) FROM dtask_runs WHERE schedule = 'pulse'").fetchone()
+    return int(row[0]) if row else 0
+
+
 def test_the_primary_crashes_mid_run_the_standby_is_promoted_and_no_item_is_lost(
     dtask_env: dict[str, str], pair: Replicated, tmp_path: Path
 ) -> None:
@@ -76,7 +86,28 @@ def test_the_primary_crashes_mid_run_the_standby_is_promoted_and_no_item_is_lost
     }
     migrated = subprocess.run([DTASK, "migrate"], env=env, cwd=REPO, capture_output=True, text=True)
     assert migrated.returncode == 0, migrated.stderr
-    with running_workers(env, tmp_path, 2, "-c", "2"):
+    pulse = [
+        "schedule",
+        "add",
+        "pulse",
+        "tagged",
+        "--var",
+        "n=1",
+        "--var",
+        "delay=0",
+        "--every",
+        "1",
+    ]
+    added = subprocess.run([DTASK, *pulse], env=env, cwd=REPO, capture_output=True, text=True)
+    assert added.returncode == 0, added.stderr
+    secret = token(env, "default")
+    with contextlib.ExitStack() as stack:
+        beat = BeatProcess(env, tmp_path / "beat.log")
+        stack.callback(beat.stop)
+        server, api = start_server(env, tmp_path / "serve.log")
+        stack.callback(server.stop)
+        stack.enter_context(running_workers(env, tmp_path, 2, "-c", "2"))
+        beat.wait_ready()
         done = subprocess.run(
             [DTASK, "submit", "slow_range", "--var", f"n={N}", "--var", f"delay={DELAY}", "--json"],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
@@ -95,7 +126,11 @@ def test_the_primary_crashes_mid_run_the_standby_is_promoted_and_no_item_is_lost
         progress = lambda: states(pair, run_id)["succeeded"] > before  # noqa: E731
         wait_for(progress, 120, "a child to finish on the new primary")
         resumed = time.monotonic() - crashed
+        fired = pulses(pair)
+        wait_for(lambda: pulses(pair) > fired, 60, "the beat to fire on the new primary")
         wait_for(lambda: run_state(pair, run_id) == "succeeded", 180, "the run to finish")
+        shown = call(api, "GET", f"/runs/{run_id}", secret)  # dtask serve, on the new primary
+        assert (shown.status, shown.body["state"]) == (200, "succeeded"), shown
     assert states(pair, run_id) == Counter({"succeeded": N // 20})
     seen = Counter(int(x) for f in sink.glob(f"{run_id}-*.txt") for x in f.read_text().split())
     assert sorted(seen) == list(range(1, N + 1)), "an item was never done"
