@@ -27,6 +27,19 @@ def _keepalive_options(timeout: float) -> dict[int, int]:
     return options
 
 
+def _sentinel(timeout: float) -> dict[str, Any]:
+    """The sentinels' own connections: one that does not answer is passed over after one
+    ``timeout`` (redis-py's default retries made a frozen sentinel cost 13 timeouts)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+
+
 def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]:
     """Bounded waits on the broker and result backend, so a link that silently drops packets
     fails a call (which Celery retries on a new connection) instead of hanging it. A blocking
@@ -42,11 +55,7 @@ def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]
         "health_check_interval": max(1, math.ceil(timeout)),
     }
     broker_options = redis_tcp if is_redis(broker) else {}
-    # the sentinels' own connections: a dead sentinel is passed over, not waited on for ever
-    sentinel = {
-        "master_name": config.sentinel_master,
-        "sentinel_kwargs": {"socket_timeout": timeout, "socket_connect_timeout": timeout},
-    }
+    sentinel = {"master_name": config.sentinel_master, "sentinel_kwargs": _sentinel(timeout)}
     return {
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY_TIMEOUT,

@@ -120,6 +120,7 @@ def _check_queue(app: Any, queue: Any) -> None:
         return
     with app.connection_for_write() as conn:
         try:
+            conn.connect()  # one attempt: a broker that does not answer is Celery's to retry
             queue.bind(conn.default_channel).declare()
         except conn.connection_errors:
             return
