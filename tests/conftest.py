@@ -4,6 +4,7 @@ session (no system service is used), and real `dtask worker` subprocesses."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -213,6 +214,17 @@ def workers(
     """Two worker processes (2 pool processes each), shared by a test module."""
     with running_workers(dtask_env, tmp_path_factory.mktemp("workers"), 2, "-c", "2") as started:
         yield started
+
+
+def submitted(env: dict[str, str], template: str, **variables: object) -> int:
+    """A run submitted by `dtask submit` with ``env`` (another cluster's services): its id."""
+    args = [a for name, value in variables.items() for a in ("--var", f"{name}={value}")]
+    done = subprocess.run(
+        [DTASK, "submit", template, *args, "--json"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return int(json.loads(done.stdout)["id"])
 
 
 @contextlib.contextmanager

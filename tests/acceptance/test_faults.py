@@ -8,11 +8,9 @@ child of a run is checked to have resumed from the checkpoint committed when the
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -29,7 +27,7 @@ from dtask import services
 from dtask.db.database import RUN_LOCKS
 from dtask.services import embedded
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.conftest import WorkerProcess, submitted
 from tests.support.db import child_row, children, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -90,13 +88,7 @@ class Cluster:
         return Path(self.env["DTASK_HOME"])
 
     def submit(self, template: str, **variables: object) -> int:
-        args = [a for name, value in variables.items() for a in ("-v", f"{name}={value}")]
-        result = subprocess.run(
-            [DTASK, "submit", template, *args, "--json"],
-            env=self.env, cwd=REPO, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr
-        return int(json.loads(result.stdout)["id"])
+        return submitted(self.env, template, **variables)
 
     def worker_of(self, pid: int) -> WorkerProcess:
         group = os.getpgid(pid)

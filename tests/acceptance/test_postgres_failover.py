@@ -11,7 +11,6 @@ kept checkpoint, and is counted once."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 
 from dtask import services
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, BeatProcess, running_workers
+from tests.conftest import DTASK, REPO, BeatProcess, running_workers, submitted
 from tests.support.api import call, start_server, token
 from tests.support.db import wait_for
 from tests.support.replicas import Replicated, replicated
@@ -108,12 +107,7 @@ def test_the_primary_crashes_mid_run_the_standby_is_promoted_and_no_item_is_lost
         stack.callback(server.stop)
         stack.enter_context(running_workers(env, tmp_path, 2, "-c", "2"))
         beat.wait_ready()
-        done = subprocess.run(
-            [DTASK, "submit", "slow_range", "--var", f"n={N}", "--var", f"delay={DELAY}", "--json"],
-            env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        run_id = int(json.loads(done.stdout)["id"])
+        run_id = submitted(env, "slow_range", n=N, delay=DELAY)
         wait_for(lambda: states(pair, run_id)["succeeded"] >= 15, 120, "a quarter of the run")
         if pair.lagging:
             os.kill(pair.sender(), signal.SIGSTOP)  # killed with the primary

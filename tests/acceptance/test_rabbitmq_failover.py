@@ -6,7 +6,6 @@ succeeded once."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 import dtask
 from dtask import services
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, running_workers
+from tests.conftest import DTASK, REPO, running_workers, submitted
 from tests.support.db import children, wait_for
 from tests.support.pauses import pause_after
 from tests.support.rabbitmq import Node, rabbitmq_node
@@ -45,16 +44,6 @@ def environment(dtask_env: dict[str, str], node: Node, **extra: str) -> dict[str
     }
 
 
-def submit(env: dict[str, str], template: str, **variables: object) -> int:
-    args = [a for name, value in variables.items() for a in ("--var", f"{name}={value}")]
-    done = subprocess.run(
-        [DTASK, "submit", template, *args, "--json"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return int(json.loads(done.stdout)["id"])
-
-
 def succeeded(run_id: int) -> int:
     return sum(state == "succeeded" for _, state, _ in children(run_id))
 
@@ -75,7 +64,7 @@ def test_the_node_s_app_stopped_and_started_mid_run_loses_nothing(
     env = environment(dtask_env, node, DTASK_RABBITMQ_QUEUE_TYPE=queue_type)
     with running_workers(env, tmp_path, 2, "-c", "2"):
         assert node.queue_types().get("dtask") == queue_type
-        run_id = submit(env, "tagged", n=N, delay=0.05)
+        run_id = submitted(env, "tagged", n=N, delay=0.05)
         wait_for(lambda: succeeded(run_id) >= N // 4, 60, "a quarter of the run")
         stopped = time.time()
         node.ctl("stop_app")
@@ -91,7 +80,7 @@ def test_a_node_back_without_its_data_is_refilled_from_postgresql(
 ) -> None:
     env = environment(dtask_env, node)
     with running_workers(env, tmp_path, 2, "-c", "2"):
-        run_id = submit(env, "tagged", n=N, delay=0.05)
+        run_id = submitted(env, "tagged", n=N, delay=0.05)
         wait_for(lambda: succeeded(run_id) >= N // 4, 60, "a quarter of the run")
         wiped = time.time()
         node.wipe_and_restart()

@@ -6,8 +6,6 @@ child succeeded once. Prints the time from the kill to the first child started a
 
 from __future__ import annotations
 
-import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 
 from dtask import services
 from soak.cluster import FAST
-from tests.conftest import DTASK, REPO, running_workers
+from tests.conftest import running_workers, submitted
 from tests.support.db import wait_for
 from tests.support.pauses import pause_after
 from tests.support.sentinel import MASTER, SentinelSet, sentinels
@@ -44,16 +42,6 @@ def env(dtask_env: dict[str, str], redis_set: SentinelSet) -> dict[str, str]:
     }
 
 
-def submit(env: dict[str, str], template: str, **variables: object) -> int:
-    args = [a for name, value in variables.items() for a in ("--var", f"{name}={value}")]
-    done = subprocess.run(
-        [DTASK, "submit", template, *args, "--json"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return int(json.loads(done.stdout)["id"])
-
-
 def counts(run_id: int) -> dict[str, int]:
     from sqlalchemy import text
 
@@ -73,7 +61,7 @@ def test_the_primary_killed_mid_run_the_replica_takes_over_and_nothing_is_lost(
     env: dict[str, str], redis_set: SentinelSet, sink: Path, tmp_path: Path
 ) -> None:
     with running_workers(env, tmp_path, 2, "-c", "2") as workers:
-        run_id = submit(env, "tagged", n=N, delay=DELAY)
+        run_id = submitted(env, "tagged", n=N, delay=DELAY)
         wait_for(lambda: counts(run_id).get("succeeded", 0) >= N // 4, 120, "a quarter done")
         killed_at = time.time()
         redis_set.kill("primary")
