@@ -13,6 +13,9 @@ from dtask.settings import Settings, is_redis, is_sentinel
 # Redis redelivers an unacked message only after this; dtask's own leases handle failover,
 # so it only has to exceed the longest child run (a redelivered duplicate is harmless anyway).
 VISIBILITY_TIMEOUT = 12 * 3600
+# kombu's and Celery's Sentinel clients, remembering which sentinel answered (a frozen one)
+SENTINEL_TRANSPORT = "dtask.worker.sentinels:Transport"
+SENTINEL_BACKEND = "dtask.worker.sentinels:Backend"
 
 
 def _keepalive_options(timeout: float) -> dict[int, int]:
@@ -57,6 +60,7 @@ def link_settings(config: Settings, broker: str, backend: str) -> dict[str, Any]
     broker_options = redis_tcp if is_redis(broker) else {}
     sentinel = {"master_name": config.sentinel_master, "sentinel_kwargs": _sentinel(timeout)}
     return {
+        **({"broker_transport": SENTINEL_TRANSPORT} if is_sentinel(broker) else {}),
         "broker_transport_options": {
             "visibility_timeout": VISIBILITY_TIMEOUT,
             **broker_options,
@@ -82,7 +86,7 @@ def celery_settings(config: Settings) -> dict[str, Any]:
         "task_default_queue_type": queue_type,
         "task_create_missing_queue_type": queue_type,
         "broker_url": broker,
-        "result_backend": backend,
+        "result_backend": f"{SENTINEL_BACKEND}+{backend}" if is_sentinel(backend) else backend,
         "task_serializer": "json",
         "result_serializer": "json",
         "event_serializer": "json",

@@ -22,6 +22,7 @@ from tests.support.sentinel import MASTER, SentinelSet, sentinels
 pytestmark = pytest.mark.acceptance
 
 N, DELAY = 2000, 0.01
+FROZEN_N = 500
 
 
 @pytest.fixture
@@ -79,3 +80,22 @@ def test_the_primary_killed_mid_run_the_replica_takes_over_and_nothing_is_lost(
             f" (the longest pause in starts after it: {pause:.1f} s)"
         )
         assert all(w.proc.poll() is None for w in workers), "a worker died with the primary"
+
+
+def test_a_frozen_sentinel_costs_each_process_one_timeout_not_one_per_connection(
+    env: dict[str, str], redis_set: SentinelSet, sink: Path, tmp_path: Path
+) -> None:
+    """The first sentinel of the URL is frozen (SIGSTOP) for the whole run: every process
+    asks it first, waits a network timeout, and must then keep asking the ones that answer.
+    Each pass of the dispatcher and the reaper opening a connection (and so asking the frozen
+    one again) ran the passes past their turns: a run of 2,000 children did not finish in
+    180 s."""
+    redis_set.freeze("s0")
+    env = {**env, "DTASK_NETWORK_TIMEOUT": "2"}
+    with running_workers(env, tmp_path, 2, "-c", "2"):
+        started = time.monotonic()
+        run_id = submitted(env, "tagged", n=FROZEN_N, delay=DELAY)
+        wait_for(lambda: run_state(run_id) == "succeeded", 120, "the run to finish")
+        took = time.monotonic() - started
+        assert counts(run_id) == {"succeeded": FROZEN_N}
+        print(f"\nfirst sentinel frozen: {FROZEN_N} children in {took:.1f} s")

@@ -65,6 +65,10 @@ class SentinelSet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
 
+    def freeze(self, name: str) -> None:
+        """SIGSTOP: the kernel still accepts its connections, nothing answers them."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
     def stop(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

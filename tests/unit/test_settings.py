@@ -10,12 +10,14 @@ from pathlib import Path
 import platformdirs
 import pydantic
 import pytest
+from celery import Celery
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dtask.cli import main
 from dtask.exceptions import ConfigurationError
 from dtask.settings import Settings, env_name, load, mask, table
+from dtask.worker import sentinels
 
 Env = Callable[..., None]
 
@@ -81,6 +83,12 @@ def test_a_sentinel_broker_needs_its_master_s_name_and_gives_it_to_celery(env: E
     for options in ("broker_transport_options", "result_backend_transport_options"):
         assert celery[options]["master_name"] == "mymaster"
         assert celery[options]["sentinel_kwargs"]["socket_timeout"] == config.network_timeout
+    assert celery["broker_transport"] == "dtask.worker.sentinels:Transport"
+    assert celery["result_backend"] == f"dtask.worker.sentinels:Backend+{url}"
+    app = Celery("probe", set_as_current=False)
+    app.conf.update(celery)
+    assert type(app.backend) is sentinels.Backend
+    assert app.connection_for_write().transport_cls == "dtask.worker.sentinels:Transport"
     env(DTASK_BROKER_URL="sentinel://h1:26379;sentinel://h2:99999")
     with pytest.raises(ConfigurationError, match="has a bad port '99999'"):
         load()
