@@ -4,9 +4,10 @@
 # and API process uses, may read and write rows but not change the schema. The superuser
 # `postgres` is for the operator only.
 set -eu
+SECRETS="${DTASK_SECRETS_DIR:-/run/secrets}"
 # the passwords reach psql through its environment, not its command line (ps shows that)
-DTASK_OWNER_PASSWORD="$(cat /run/secrets/dtask_owner_password)" \
-DTASK_APP_PASSWORD="$(cat /run/secrets/dtask_app_password)" \
+DTASK_OWNER_PASSWORD="$(cat "$SECRETS/dtask_owner_password")" \
+DTASK_APP_PASSWORD="$(cat "$SECRETS/dtask_app_password")" \
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "$POSTGRES_DB" \
   -v db="$POSTGRES_DB" <<'SQL'
 \getenv owner DTASK_OWNER_PASSWORD

@@ -18,11 +18,13 @@ from pathlib import Path
 import psutil
 import psycopg
 
+from dtask.services.embedded import _quiet_import_pgserver
 from tests.support.db import wait_for
 from tests.support.ports import free_port
 
 
 def _bin() -> Path:
+    _quiet_import_pgserver()
     import pgserver._commands  # type: ignore[import-untyped]
 
     return Path(pgserver._commands.POSTGRES_BIN_PATH)
@@ -127,16 +129,23 @@ def run(argv: list[str]) -> None:
     assert done.returncode == 0, f"{argv}: {done.stderr}"
 
 
-@contextmanager
-def replicated(folder: Path, synchronous: bool) -> Iterator[Replicated]:
-    """A primary and its streaming standby, started; both stopped at the end."""
+def own_folder(folder: Path) -> None:
+    """``folder`` made (if need be) and given to the user the servers run as, with the way
+    to it open to that user (the test's folders are root's, 0700)."""
     folder.mkdir(parents=True, exist_ok=True)
     user = _user()
     if user is not None:
+        _bin()
         from pgserver.utils import ensure_prefix_permissions  # type: ignore[import-untyped]
 
-        ensure_prefix_permissions(folder)  # the test's folders are root's, 0700
+        ensure_prefix_permissions(folder)
         shutil.chown(folder, user)
+
+
+@contextmanager
+def replicated(folder: Path, synchronous: bool) -> Iterator[Replicated]:
+    """A primary and its streaming standby, started; both stopped at the end."""
+    own_folder(folder)
     primary = Cluster("primary", folder / "primary", free_port())
     standby = Cluster("standby", folder / "standby", free_port())
     found = Replicated(folder, primary, standby)
