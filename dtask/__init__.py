@@ -8,9 +8,10 @@ the services (``submit``, ``Run``, the schedule functions) is imported on first 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dtask.domain.bulk import Outcome, Submitted
 from dtask.domain.clients import Client, Rate, Tier
 from dtask.domain.context import ChildContext
 from dtask.domain.deadlines import OnLate
@@ -21,6 +22,7 @@ from dtask.domain.splitting import RangeSplit, SplitStrategy
 from dtask.domain.templates import RunOptions, Template, registry, template, use_launcher
 from dtask.exceptions import (
     BrokerUnavailable,
+    Busy,
     ChildFailed,
     ClientNotFound,
     ConfigurationError,
@@ -59,6 +61,7 @@ from dtask.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from dtask.client.bulk import submit_many
     from dtask.client.clients import get_client, list_clients, remove_client, set_client
     from dtask.client.runs import Run, get_run, submit
     from dtask.client.schedules import (
@@ -80,6 +83,7 @@ _LAZY = {
     "Run": "dtask.client.runs",
     "get_run": "dtask.client.runs",
     "submit": "dtask.client.runs",
+    "submit_many": "dtask.client.bulk",
     "add_schedule": "dtask.client.schedules",
     "get_schedule": "dtask.client.schedules",
     "list_schedules": "dtask.client.schedules",
@@ -112,6 +116,18 @@ class _Client:
         from dtask.client.runs import submit
 
         return submit(template, variables, key=key, **options)
+
+    def submit_many(
+        self,
+        template: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        keys: Sequence[str | None] | None = None,
+        **options: Unpack[RunOptions],
+    ) -> list[Submitted]:
+        from dtask.client.bulk import submit_many
+
+        return submit_many(template, items, keys=keys, **options)
 
     def schedule(
         self,
@@ -146,6 +162,7 @@ use_launcher(_Client())
 
 __all__ = [
     "BrokerUnavailable",
+    "Busy",
     "ChildContext",
     "ChildCounts",
     "ChildFailed",
@@ -172,6 +189,7 @@ __all__ = [
     "MissingExtra",
     "NotFound",
     "OnLate",
+    "Outcome",
     "Overlap",
     "Param",
     "RangeSplit",
@@ -191,6 +209,7 @@ __all__ = [
     "ServiceUnavailable",
     "SplitFailed",
     "SplitStrategy",
+    "Submitted",
     "Template",
     "TemplateDefinitionError",
     "Tier",
@@ -213,5 +232,6 @@ __all__ = [
     "resume_schedule",
     "set_client",
     "submit",
+    "submit_many",
     "template",
 ]

@@ -122,6 +122,16 @@ class BrokerUnavailable(ServiceUnavailable):
     """The Celery broker cannot be reached."""
 
 
+class Busy(ServiceUnavailable):
+    """busy: the queue's (or the client's) backlog is at its cap; nothing was created."""
+
+    exit_code = 4
+
+    def __init__(self, message: str | None = None, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds
+
+
 class ConfigurationError(DtaskError):
     """A DTASK_* setting is invalid."""
 

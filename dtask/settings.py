@@ -263,6 +263,23 @@ class Settings(BaseSettings):
             "to the broker at once (no priorities, fair share or `--max-running`)"
         ),
     )
+    max_backlog: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000_000,
+        json_schema_extra={"shown": "no cap"},
+        description=(
+            "runs a queue may hold unfinished (pending, splitting, running); a submit past it is "
+            "refused at once with `busy` (exit 4, HTTP 503 with Retry-After), nothing created"
+        ),
+    )
+    max_client_backlog: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000_000,
+        json_schema_extra={"shown": "no cap"},
+        description="the same cap on each client's unfinished runs, whatever their queues",
+    )
     dispatch_window: int | None = Field(
         None,
         ge=1,

@@ -46,7 +46,7 @@ def _dtask_error(_: Request, exc: Exception) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, e.InvalidVariables) and exc.fields:
         body["fields"] = exc.fields
-    if isinstance(exc, e.RateLimited):
+    if isinstance(exc, e.RateLimited | e.Busy):
         body["retry_after"] = None if math.isinf(exc.retry_after) else exc.retry_after
         if not math.isinf(exc.retry_after):
             headers["Retry-After"] = str(math.ceil(exc.retry_after))

@@ -12,7 +12,9 @@ from dtask import services
 from dtask.api.auth import Caller
 from dtask.api.errors import Refused
 from dtask.api.waiting import waits
+from dtask.client.bulk import submit_many
 from dtask.client.runs import get_run, submit
+from dtask.domain.bulk import MOST_PER_CHUNK, Outcome
 from dtask.domain.deps import MAX_UPSTREAMS
 from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
@@ -22,14 +24,12 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 MOST_WAIT = 300.0
 
 
-class RunRequest(BaseModel):
-    """A submit: the same options as `dtask submit`."""
+class Options(BaseModel):
+    """A submit's options: the same as `dtask submit`'s."""
 
     model_config = ConfigDict(extra="forbid")
 
     template: str
-    variables: dict[str, Any] = Field(default_factory=dict)
-    key: str | None = None
     priority: int | None = None
     tier: str | None = None
     delay_tolerance: float | None = None
@@ -46,6 +46,37 @@ class RunRequest(BaseModel):
     )
     notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
 
+    def submit_options(self, token: Token) -> dict[str, Any]:
+        """The options as ``dtask.submit`` takes them, as the token may submit them."""
+        client = self.client or token.client
+        if not token.sees(client):
+            raise Refused(f"this token submits only as client {token.client!r}", 403)
+        return dict(
+            execution_cap=self.execution_cap, client=client, priority=self.priority,
+            delay_tolerance=self.delay_tolerance, on_late=self.on_late, tier=self.tier,
+            notify_url=self.notify_url, after=_upstreams(token, self, client) or None,
+        )  # fmt: skip
+
+
+class RunRequest(Options):
+    """A submit."""
+
+    variables: dict[str, Any] = Field(default_factory=dict)
+    key: str | None = None
+
+
+class BatchItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    variables: dict[str, Any] = Field(default_factory=dict)
+    key: str | None = None
+
+
+class BatchRequest(Options):
+    """Runs of one template with the same options, each with its variables and key."""
+
+    runs: list[BatchItem] = Field(max_length=MOST_PER_CHUNK, description="one run each")
+
 
 def _visible(token: Token, run_id: int) -> RunStatus:
     """The run, if this token may see it; another client's run is answered exactly as a run
@@ -59,7 +90,7 @@ def _visible(token: Token, run_id: int) -> RunStatus:
     return status
 
 
-def _upstreams(token: Token, body: RunRequest, client: str) -> list[int | str]:
+def _upstreams(token: Token, body: Options, client: str) -> list[int | str]:
     """The runs named in ``after`` and ``after_keys``, checked in one query; one that does
     not exist and another client's are answered alike. A key names a run of ``client``, the
     one submitting (as the submit resolves it), so another client's key is an unknown one."""
@@ -73,16 +104,19 @@ def _upstreams(token: Token, body: RunRequest, client: str) -> list[int | str]:
 
 
 def _create(token: Token, body: RunRequest) -> tuple[RunStatus, bool]:
-    client = body.client or token.client
-    if not token.sees(client):
-        raise Refused(f"this token submits only as client {token.client!r}", 403)
-    run = submit(
-        body.template, body.variables, body.key,
-        execution_cap=body.execution_cap, client=client, priority=body.priority,
-        delay_tolerance=body.delay_tolerance, on_late=body.on_late, tier=body.tier,
-        notify_url=body.notify_url, after=_upstreams(token, body, client) or None,
-    )  # fmt: skip
+    run = submit(body.template, body.variables, body.key, **body.submit_options(token))
     return _visible(token, run.id), run.created  # the key is the client's: its own run
+
+
+def _create_many(token: Token, body: BatchRequest) -> dict[str, Any]:
+    found = submit_many(
+        body.template, [r.variables for r in body.runs], keys=[r.key for r in body.runs],
+        **body.submit_options(token),
+    )  # fmt: skip
+    return {
+        "runs": [s.as_json() for s in found],
+        **{o.value: sum(s.outcome is o for s in found) for o in Outcome},
+    }
 
 
 @router.post("", status_code=201)
@@ -93,6 +127,15 @@ async def create_run(body: RunRequest, token: Caller, response: Response) -> dic
     if not created:
         response.status_code = 200
     return status.as_json()
+
+
+@router.post("/batch")
+async def create_runs(body: BatchRequest, token: Caller) -> dict[str, Any]:
+    """Submit up to 1,000 runs of one template with the same options in one transaction:
+    200 with each run's outcome in input order (``created``, ``known_key`` with the run the
+    client's key had triggered, ``invalid`` with its error, ``limit_exceeded`` with
+    ``retry_after``) and how many of each. Rate limits count every run, in order."""
+    return await run_in_threadpool(_create_many, token, body)
 
 
 @router.get("/{run_id}")

@@ -22,7 +22,12 @@ from dtask.cli.base import (
 from dtask.domain.clients import Tier
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
-from dtask.exceptions import InvalidClient, InvalidDelayTolerance, InvalidExecutionCap
+from dtask.exceptions import (
+    InvalidClient,
+    InvalidDelayTolerance,
+    InvalidExecutionCap,
+    InvalidVariables,
+)
 
 
 def register(sub: Any) -> None:
@@ -75,6 +80,13 @@ def register(sub: Any) -> None:
         default=[],
         metavar="KEY",
         help="wait for the run this trigger key of --client started (repeatable)",
+    )
+    submit.add_argument(
+        "--from",
+        dest="source",
+        metavar="FILE.jsonl",
+        help="one run per line (`-`: stdin): its variables as a JSON object, or"
+        ' {"variables": {...}, "key": "..."}; --var values are every line\'s defaults',
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
@@ -195,10 +207,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     services.load_templates()
     tpl = registry.get(args.template)
     variables = tpl.parse_variables(parse_vars(args.var))
-    run = submit(
-        tpl.name,
-        variables,
-        key=args.key,
+    options = dict(
         execution_cap=number(args.execution_cap, float, "--execution-cap", InvalidExecutionCap),
         client=args.client,
         priority=number(args.priority, int, "--priority", InvalidClient),
@@ -210,6 +219,14 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         notify_url=args.notify_url,
         after=[*args.after, *args.after_key] or None,
     )
+    if args.source is not None:
+        from dtask.cli.bulk import submit_lines
+
+        for given, flag in ((args.key, "--key"), (args.wait, "--wait")):
+            if given:
+                raise InvalidVariables(f"{flag} is for one run: with --from, give keys per line")
+        return submit_lines(tpl.name, args.source, variables, args.json, **options)
+    run = submit(tpl.name, variables, key=args.key, **options)
     try:
         if not args.json:
             verb = "submitted" if run.created else "already exists for this key"

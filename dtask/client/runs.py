@@ -7,11 +7,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
 from typing import Any
 
 from dtask import services
+from dtask.client import backlog
 from dtask.client.transactions import written_on
 from dtask.db import Store
 from dtask.db.run_inserts import Created
@@ -27,7 +29,7 @@ from dtask.domain.deps import check_after
 from dtask.domain.limits import check_json_size, check_key
 from dtask.domain.notify import check_url
 from dtask.domain.runs import NewRun, RunHandle, RunState, RunStatus
-from dtask.domain.templates import check_execution_cap, registry
+from dtask.domain.templates import Template, check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
     InvalidVariables,
@@ -39,6 +41,7 @@ from dtask.exceptions import (
     TemplateDefinitionError,
     WaitTimeout,
 )
+from dtask.settings import Settings
 from dtask.worker import configure
 from dtask.worker.eager import active as eager_active
 from dtask.worker.eager import run as run_eagerly
@@ -216,6 +219,98 @@ def submit(
     this returns (split, children, reduce), whatever ``countdown``, ``eta``, ``using`` or
     ``connection`` say, and nothing is sent to the broker (dtask/worker/eager.py).
     """
+    prepared = prepare(
+        template, execution_cap=execution_cap, client=client, priority=priority,
+        delay_tolerance=delay_tolerance, on_late=on_late, tier=tier, notify_url=notify_url,
+        countdown=countdown, eta=eta, queue=queue, after=after,
+    )  # fmt: skip
+    tpl, config, eager_mode = prepared.template, prepared.settings, prepared.eager
+    new_run = prepared.run(variables, key)
+    store = services.store()
+    create = partial(store.runs.create_run, new_run)
+
+    def shown(run_id: int) -> str:  # what Flower and the logs show of its master
+        return f"{tpl.name} run {run_id} key {new_run.key}"
+
+    if eager_mode:
+        run = create()
+        if run.created:
+            run_eagerly(run.id)
+        return Run(run.id, created=run.created)
+    backlog.check(new_run, config)
+    if using is not None or connection is not None:
+        with written_on(using, connection) as written:
+            run = create(on=written.conn)
+        backlog.added(new_run, run.created)
+        if run.state is RunState.PENDING and run.starts_in <= config.stall_timeout:
+            written.after_commit(partial(_send_committed, run, shown(run.id)))
+        return Run(run.id, created=run.created)
+    run = create()
+    run_id, created = run.id, run.created
+    backlog.added(new_run, created)
+    if run.starts_in > config.stall_timeout:
+        return Run(run_id, created=created)  # the reaper starts it when it is due
+    if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
+        try:
+            send_master(run_id, countdown=run.starts_in, shown=shown(run_id), priority=run.priority)
+        except BrokerUnavailable as exc:
+            if created and store.runs.forget_unsent(run_id):
+                raise BrokerUnavailable(f"{exc}; no run was created") from None
+            if created:
+                raise BrokerUnavailable(
+                    f"{exc}; run {run_id} stays (a run was submitted after it) and starts when"
+                    " the broker is back"
+                ) from None
+            raise
+    return Run(run_id, created=created)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A submit's options, checked once (for one run, or every run of a bulk submit): the
+    template, the run every item becomes with its own key and variables, the settings."""
+
+    template: Template
+    base: NewRun
+    settings: Settings
+    eager: bool
+
+    def run(self, variables: dict[str, Any], key: str | None) -> NewRun:
+        """The run of ``variables`` and ``key`` (a fresh key if None); InvalidVariables or
+        InvalidKey (a DtaskError) where they are refused, before anything is written."""
+        tpl, where = self.template, f"run of template {self.template.name!r}"
+        if key is not None:
+            check_key(key, where)
+        checked = tpl.validate(variables)
+        check_json_size(
+            f"the variables of {where}", checked, self.settings.max_variables,
+            "DTASK_MAX_VARIABLES", InvalidVariables,
+        )  # fmt: skip
+        _, children = tpl.count(checked, self.settings.max_children)
+        return replace(
+            self.base,
+            key=key or f"adhoc:{uuid.uuid4()}",
+            variables=checked,
+            expected_children=children,
+        )
+
+
+def prepare(
+    template: str,
+    *,
+    execution_cap: float | None = None,
+    client: str = DEFAULT_CLIENT,
+    priority: int | None = None,
+    delay_tolerance: float | None = None,
+    on_late: OnLate | str | None = None,
+    tier: Tier | str | None = None,
+    notify_url: str | None = None,
+    countdown: float | None = None,
+    eta: datetime | None = None,
+    queue: str | None = None,
+    after: Iterable[int | str | RunHandle] | None = None,
+) -> Prepared:
+    """``submit``'s options checked (see there), in one place for one run or many."""
     eager_mode = eager_active()
     if eager_mode:
         services.load_templates(services.current().settings)  # no broker: none is used
@@ -236,73 +331,29 @@ def submit(
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     check_url(notify_url, allow_private=config.notify_allow_private)
-    if key is not None:
-        check_key(key, where)
     start_at, start_in = check_start(countdown, eta, where)
     if eager_mode:  # as Celery's eager apply_async: it runs now
         start_at = start_in = None
-    children_queue = check_queue(queue, where) or tpl.options.queue
     if priority is not None:
         check_priority(priority)
-    checked = tpl.validate(variables)
-    check_json_size(
-        f"the variables of {where}", checked, config.max_variables, "DTASK_MAX_VARIABLES",
-        InvalidVariables,
-    )  # fmt: skip
-    _, children = tpl.count(checked, config.max_children)
-    store = services.store()
-    upstreams = _upstreams(store, after, where, client)
-    new_run = NewRun(
+    base = NewRun(
         template=tpl.name,
-        key=key or f"adhoc:{uuid.uuid4()}",
-        variables=checked,
+        key="",
+        variables={},
         max_attempts=tpl.options.max_attempts,
-        queue=children_queue,
+        queue=check_queue(queue, where) or tpl.options.queue,
         execution_cap=cap,
         client=client,
         priority=priority,
-        expected_children=children,
         delay_tolerance=tolerance,
         on_late=late_policy,
         tier=wanted_tier or tpl.options.tier,
         notify_url=notify_url,
         start_at=start_at,
         start_in=start_in,
-        after=upstreams,
+        after=_upstreams(services.store(), after, where, client),
     )
-    create = partial(store.runs.create_run, new_run)
-
-    def shown(run_id: int) -> str:  # what Flower and the logs show of its master
-        return f"{tpl.name} run {run_id} key {new_run.key}"
-
-    if eager_mode:
-        run = create()
-        if run.created:
-            run_eagerly(run.id)
-        return Run(run.id, created=run.created)
-    if using is not None or connection is not None:
-        with written_on(using, connection) as written:
-            run = create(on=written.conn)
-        if run.state is RunState.PENDING and run.starts_in <= config.stall_timeout:
-            written.after_commit(partial(_send_committed, run, shown(run.id)))
-        return Run(run.id, created=run.created)
-    run = create()
-    run_id, created = run.id, run.created
-    if run.starts_in > config.stall_timeout:
-        return Run(run_id, created=created)  # the reaper starts it when it is due
-    if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
-        try:
-            send_master(run_id, countdown=run.starts_in, shown=shown(run_id), priority=run.priority)
-        except BrokerUnavailable as exc:
-            if created and store.runs.forget_unsent(run_id):
-                raise BrokerUnavailable(f"{exc}; no run was created") from None
-            if created:
-                raise BrokerUnavailable(
-                    f"{exc}; run {run_id} stays (a run was submitted after it) and starts when"
-                    " the broker is back"
-                ) from None
-            raise
-    return Run(run_id, created=created)
+    return Prepared(tpl, base, config, eager_mode)
 
 
 def _send_committed(run: Created, shown: str) -> None:

@@ -67,21 +67,30 @@ def check_rates(conn: Connection, client: Client, children: int | None) -> None:
     ):
         if limit is None:
             continue
-        window = conn.execute(
-            sql(
-                "SELECT created_at AS at, CASE WHEN :runs THEN 1"
-                "   ELSE coalesce(child_total, expected_children, 1) END AS cost,"
-                " clock_timestamp() AS now"
-                " FROM dtask_runs WHERE client = :name"
-                "   AND created_at > clock_timestamp() - make_interval(secs => :period)"
-                " ORDER BY created_at"
-            ),
-            {"name": client.name, "period": limit.seconds, "runs": what == "runs"},
-        ).all()
-        now = window[0].now if window else datetime.now(UTC)  # an empty window: unused
-        wait = retry_after(((r.at, r.cost) for r in window), limit, cost, now)
+        window, now = rate_window(conn, client.name, limit, what)
+        wait = retry_after(window, limit, cost, now)
         if wait is not None:
             raise refusal(limit, what, cost, wait, client.name)
+
+
+def rate_window(
+    conn: Connection, client: str, limit: Rate, what: str
+) -> tuple[list[tuple[datetime, int]], datetime]:
+    """What the client's window of ``limit`` (over "runs" or "children") holds, oldest first:
+    (accepted at, cost); and the database's time now."""
+    rows = conn.execute(
+        sql(
+            "SELECT created_at AS at, CASE WHEN :runs THEN 1"
+            "   ELSE coalesce(child_total, expected_children, 1) END AS cost,"
+            " clock_timestamp() AS now"
+            " FROM dtask_runs WHERE client = :name"
+            "   AND created_at > clock_timestamp() - make_interval(secs => :period)"
+            " ORDER BY created_at"
+        ),
+        {"name": client, "period": limit.seconds, "runs": what == "runs"},
+    ).all()
+    now = rows[0].now if rows else datetime.now(UTC)  # an empty window: unused
+    return [(r.at, int(r.cost)) for r in rows], now
 
 
 def _missing(name: str) -> ClientNotFound:

@@ -59,6 +59,31 @@ def insert(conn: Connection, run_id: int, upstreams: Sequence[int]) -> None:
         )
 
 
+def insert_many(conn: Connection, run_ids: Sequence[int], upstreams: Sequence[int]) -> None:
+    """Each of ``run_ids`` waits for every one of ``upstreams`` (a bulk submit's runs)."""
+    if upstreams and run_ids:
+        conn.execute(
+            sql(
+                "INSERT INTO dtask_run_deps (run_id, upstream_id)"
+                " SELECT r, u FROM unnest(CAST(:ids AS bigint[])) AS r,"
+                " unnest(CAST(:ups AS bigint[])) AS u"
+            ),
+            {"ids": list(run_ids), "ups": list(upstreams)},
+        )
+
+
+def upstreams_of_many(conn: Connection, run_ids: Sequence[int]) -> dict[int, list[int]]:
+    """Each run's upstreams, sorted (runs without any are left out)."""
+    rows = conn.execute(
+        sql(
+            "SELECT run_id, array_agg(upstream_id ORDER BY upstream_id) AS ups"
+            " FROM dtask_run_deps WHERE run_id = ANY(CAST(:ids AS bigint[])) GROUP BY run_id"
+        ),
+        {"ids": list(run_ids)},
+    ).all()
+    return {int(r.run_id): [int(u) for u in r.ups] for r in rows}
+
+
 def upstreams_of(conn: Connection, run_id: int) -> list[int]:
     return [
         int(r.upstream_id)

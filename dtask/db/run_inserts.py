@@ -34,10 +34,10 @@ _INSERT = (
     " execution_cap, client, priority, expected_children, created_at,"
     " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
     " state, error, finished_at)"
-    " SELECT CAST(:template AS text), CAST(:key AS text), CAST(:variables AS jsonb),"
+    " SELECT CAST(:template AS text), {key}, {variables},"
     " CAST(:max_attempts AS integer), CAST(:queue AS text), CAST(:schedule AS text),"
     " CAST(:slot AS timestamptz), CAST(:execution_cap AS double precision),"
-    " CAST(:client AS text), CAST(:priority AS integer), CAST(:expected_children AS integer),"
+    " CAST(:client AS text), CAST(:priority AS integer), {expected},"
     " clock_timestamp(), CAST(:delay_tolerance AS double precision), CAST(:on_late AS text),"
     " coalesce(CAST(:slot AS timestamptz), " + _START + ", clock_timestamp())"
     " + make_interval(secs => CAST(:delay_tolerance AS double precision)),"
@@ -45,11 +45,36 @@ _INSERT = (
     " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
     " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END"
-    " WHERE {guard}"
-    " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, state, priority,"
+    "{source} WHERE {guard}"
+    " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, trigger_key, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
 )
-_INSERT_ALWAYS = sql(_INSERT.format(guard="true"))
+_ONE = {
+    "key": "CAST(:key AS text)",
+    "variables": "CAST(:variables AS jsonb)",
+    "expected": "CAST(:expected_children AS integer)",
+    "source": "",
+}
+# a client's runs by trigger key: never another client's
+_BY_KEY = (
+    "SELECT id, trigger_key, template, variables, state, priority,"
+    " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
+    " FROM dtask_runs WHERE client = :client AND trigger_key = :key"
+)
+BY_KEYS = sql(_BY_KEY.replace("= :key", "= ANY(CAST(:keys AS text[]))"))
+_INSERT_ALWAYS = sql(_INSERT.format(guard="true", **_ONE))
+# ...and many runs of one template, client and options in one statement (a bulk submit's
+# chunk): their keys, variables and expected children as one JSON array
+INSERT_MANY = sql(
+    _INSERT.format(
+        guard="true",
+        key="i.key",
+        variables="i.variables",
+        expected="i.expected_children",
+        source=" FROM jsonb_to_recordset(CAST(:items AS jsonb))"
+        " AS i(key text, variables jsonb, expected_children integer)",
+    )
+)
 # ...only while the client it is charged to is as the submitter last read it, unlimited: its
 # row share-locked until the insert commits, so a rate limit set meanwhile waits for it (and
 # a limited submit after that counts it); without a row, only ``default`` exists
@@ -59,7 +84,8 @@ _INSERT_UNLIMITED = sql(
         "   AND tier IS NOT DISTINCT FROM CAST(:client_tier AS text)"
         "   AND max_priority IS NOT DISTINCT FROM CAST(:client_max_priority AS integer)"
         "   FROM dtask_clients WHERE name = CAST(:client AS text) FOR SHARE),"
-        " CAST(:client_absent AS boolean))"
+        " CAST(:client_absent AS boolean))",
+        **_ONE,
     )
 )
 
@@ -76,7 +102,7 @@ class Created:
     priority: int
 
 
-def _params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
+def params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
     assert run.tier is not None and run.priority is not None, "a run charged to its client"
     return {
         **asdict(run),
@@ -100,11 +126,34 @@ def _insert(conn: Connection, run: NewRun) -> Created | None:
     state, error = deps.initial_state(conn, run.after)
     if run.unmet is not None:
         state, error = RunState.FAILED, run.unmet
-    row = conn.execute(_INSERT_ALWAYS, _params(run, state, error)).first()
+    row = conn.execute(_INSERT_ALWAYS, params(run, state, error)).first()
     if row is None:
         return None
     deps.insert(conn, int(row.id), run.after)
     return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
+
+
+def known(existing: Row[Any], existing_after: list[int], run: NewRun) -> Created:
+    """The run ``existing`` (the client's run of ``run``'s key) as a submit of ``run`` gets
+    it; KeyConflict where ``run`` asks for another template, variables or upstreams."""
+    differs = [
+        what
+        for what, same in (
+            ("template", existing.template == run.template),
+            ("variables", existing.variables == run.variables),
+            ("upstream runs (after)", existing_after == sorted(set(run.after))),
+        )
+        if not same
+    ]
+    if differs:  # the client's own run (its variables are not shown all the same)
+        raise KeyConflict(
+            f"key {run.key!r} already triggered run {existing.id} with another"
+            f" {' and '.join(differs)}; use another key for another run"
+        )
+    return Created(
+        int(existing.id), False, RunState(existing.state), float(existing.starts_in),
+        existing.priority,
+    )  # fmt: skip
 
 
 class RunInserts(RunReads):
@@ -133,9 +182,9 @@ class RunInserts(RunReads):
         transaction of dtask's own; the caller's commit makes it a run, its rollback leaves
         none (a limited client's row stays locked until then)."""
         client, key, after = run.client, run.key, run.after
-        known = self._unlimited.get(client)
-        if known is not None and not after and on is None:
-            created = self._insert_unlimited(run.charged_to(known), known)
+        unlimited = self._unlimited.get(client)
+        if unlimited is not None and not after and on is None:
+            created = self._insert_unlimited(run.charged_to(unlimited), unlimited)
             if created is not None:
                 return created
         try:
@@ -157,27 +206,7 @@ class RunInserts(RunReads):
         except RateLimited:  # counted once its transaction is rolled back
             self.counters.add(counters.RATE_LIMITED, label=client)
             raise
-        differs = [
-            what
-            for what, same in (
-                ("template", existing.template == run.template),
-                ("variables", existing.variables == run.variables),
-                ("upstream runs (after)", existing_after == sorted(set(after))),
-            )
-            if not same
-        ]
-        if differs:  # the client's own run (its variables are not shown all the same)
-            raise KeyConflict(
-                f"key {key!r} already triggered run {existing.id} with another"
-                f" {' and '.join(differs)}; use another key for another run"
-            )
-        return Created(
-            int(existing.id),
-            False,
-            RunState(existing.state),
-            float(existing.starts_in),
-            existing.priority,
-        )
+        return known(existing, existing_after, run)
 
     @contextmanager
     def _on(self, conn: Connection) -> Iterator[Connection]:
@@ -190,15 +219,15 @@ class RunInserts(RunReads):
         the key is new to the client and the client is still as this process last read it (see
         ``_INSERT_UNLIMITED``). None when it did not: the caller takes the full path, which
         tells a known key, a changed client and a missing one apart."""
-        params = {
-            **_params(run, RunState.PENDING, None),
+        values = {
+            **params(run, RunState.PENDING, None),
             "client_tier": client.tier and client.tier.value,
             "client_max_priority": client.max_priority,
             "client_absent": client == Client(DEFAULT_CLIENT),
         }
         with self.db.owner() as conn:
             try:
-                row = conn.execute(_INSERT_UNLIMITED, params).first()
+                row = conn.execute(_INSERT_UNLIMITED, values).first()
             except OperationalError as exc:
                 if not exc.connection_invalidated:
                     raise
@@ -221,14 +250,7 @@ class RunInserts(RunReads):
     @staticmethod
     def _by_key(conn: Connection, client: str, key: str) -> Row[Any] | None:
         """The client's run of ``key``: never another client's."""
-        return conn.execute(
-            sql(
-                "SELECT id, template, variables, state, priority,"
-                " coalesce(greatest(extract(epoch FROM start_after - now()), 0), 0) AS starts_in"
-                " FROM dtask_runs WHERE client = :client AND trigger_key = :key"
-            ),
-            {"client": client, "key": key},
-        ).first()
+        return conn.execute(sql(_BY_KEY), {"client": client, "key": key}).first()
 
     def forget_unsent(self, run_id: int) -> bool:
         """Undo create_run when its master message could not be sent (no half-created run);

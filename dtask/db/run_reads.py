@@ -112,6 +112,21 @@ class RunReads:
                 found[r.trigger_key] = r.client
         return found
 
+    def backlog(self, queues: Sequence[str], client: str) -> tuple[int, int]:
+        """Unfinished runs (pending, splitting, running) whose children go to one of
+        ``queues`` (a run of the default queue's basic tier has none stored: ``""`` names it),
+        and those of ``client``."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql(
+                    "SELECT count(*) FILTER (WHERE coalesce(queue, '') = ANY(:queues)) AS queue,"
+                    " count(*) FILTER (WHERE client = :client) AS client"
+                    " FROM dtask_runs WHERE state IN ('pending', 'splitting', 'running')"
+                ),
+                {"queues": list(queues), "client": client},
+            ).one()
+        return int(row.queue), int(row.client)
+
     def ids_by_key(self, keys: Sequence[str], client: str = DEFAULT_CLIENT) -> dict[str, int]:
         """The runs those trigger keys of ``client`` triggered (UpstreamNotFound names a key
         that none of its runs has; another client's run of that key does not count)."""

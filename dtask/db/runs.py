@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from dtask.db import deps, inline, statistics
+from dtask.db.bulk import BulkInserts
 from dtask.db.children import Finished
 from dtask.db.database import lock_run, sql
 from dtask.db.inline import Inline
-from dtask.db.run_inserts import RunInserts
 from dtask.db.run_reads import child_results
 from dtask.db.workers import LiveSlots, live_on
 from dtask.domain.clients import Tier
@@ -66,7 +66,7 @@ Reduced = tuple[int, str | None, str | None]  # the dispatch reduced, its result
 FINISHED = "'succeeded', 'failed', 'cancelled'"
 
 
-class RunStore(RunInserts):
+class RunStore(BulkInserts):
     """The writes; creating runs is in :class:`RunInserts`, the reads (status, lists) in
     :class:`RunReads`."""
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
+from dtask.domain.bulk import Submitted
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.limits import MAX_ATTEMPTS, check_seconds, check_whole
@@ -279,6 +280,16 @@ class Template:
         """Trigger one run with ``options`` (see ``RunOptions`` and ``dtask.submit``)."""
         return launcher().submit(self.name, dict(variables or {}), key=key, **options)
 
+    def map(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        keys: Sequence[str | None] | None = None,
+        **options: Unpack[RunOptions],
+    ) -> list[Submitted]:
+        """A run for each of ``items`` (each its variables), in chunks of one transaction
+        each: ``dtask.submit_many``. Each item's outcome, in input order."""
+        return launcher().submit_many(self.name, items, keys=keys, **options)
+
     def delay(self, **variables: Any) -> RunHandle:
         """Trigger one master run, the Celery way: ``template.delay(n=10)``;
         ``template.delay(n=10, after=[run])`` waits for ``run`` to succeed (unless the
@@ -392,6 +403,15 @@ class Launcher(Protocol):
         key: str | None,
         **options: Unpack[RunOptions],
     ) -> RunHandle: ...
+
+    def submit_many(
+        self,
+        template: str,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        keys: Sequence[str | None] | None = None,
+        **options: Unpack[RunOptions],
+    ) -> list[Submitted]: ...
 
     def schedule(
         self,

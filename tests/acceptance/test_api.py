@@ -4,6 +4,7 @@ code of a submit, tokens that keep clients apart, a long poll that answers when 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 import urllib.error
@@ -173,6 +174,7 @@ def test_the_openapi_document_lists_the_endpoints(api: str) -> None:
         paths = json.loads(response.read())["paths"]
     assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/cancel"} <= set(paths)
     assert {"/api/v1/runs/{run_id}/grid", "/api/v1/alerts", "/metrics"} <= set(paths)
+    assert "/api/v1/runs/batch" in paths
     with urllib.request.urlopen(api.removesuffix("/api/v1") + "/", timeout=30) as page:
         assert page.headers["Content-Security-Policy"].startswith("default-src 'self'")
         assert page.headers["X-Frame-Options"] == "DENY" and b'id="login"' in page.read()
@@ -300,3 +302,67 @@ def test_a_run_submitted_after_others_over_http_waits_and_names_them(
     assert run_count() == before
     done = call(api, "GET", f"/runs/{down.body['id']}?wait=120", a)
     assert (done.body["state"], done.body["waiting_for"]) == ("succeeded", [])
+
+
+def test_a_batch_submit_answers_each_run_s_outcome_in_order(
+    api: str, tokens: dict[str, str]
+) -> None:
+    stamp = f"batch-{time.time()}"
+    runs = [
+        {"variables": {"n": 3}, "key": f"{stamp}-1"},
+        {"variables": {"n": "x"}},
+        {"variables": {"n": 3}, "key": f"{stamp}-1"},
+        {"variables": {"n": 4}},
+    ]
+    before = run_count()
+    reply = call(api, "POST", "/runs/batch", tokens["a"], {"template": "print_range", "runs": runs})
+    assert reply.status == 200, reply.body
+    assert [r["outcome"] for r in reply.body["runs"]] == [
+        "created", "invalid", "known_key", "created",
+    ]  # fmt: skip
+    assert reply.body["runs"][2]["run_id"] == reply.body["runs"][0]["run_id"]
+    assert "'n' must be int" in reply.body["runs"][1]["error"]
+    assert (reply.body["created"], reply.body["invalid"], reply.body["known_key"]) == (2, 1, 1)
+    assert run_count() == before + 2
+    first = call(api, "GET", f"/runs/{reply.body['runs'][0]['run_id']}", tokens["a"], None)
+    assert first.body["client"] == "api-a"
+    assert call(api, "GET", f"/runs/{reply.body['runs'][0]['run_id']}", tokens["b"]).status == 404
+
+    limited = call(api, "POST", "/runs/batch", tokens["limited"],
+                   {"template": "print_range", "runs": [{"variables": {"n": 1}}] * 3})  # fmt: skip
+    outcomes = [r["outcome"] for r in limited.body["runs"]]
+    assert outcomes.count("limit_exceeded") >= 2 and "created" not in outcomes[1:]
+    assert all(r["retry_after"] > 0 for r in limited.body["runs"] if "retry_after" in r)
+
+    other = call(api, "POST", "/runs/batch", tokens["a"],
+                 {"template": "print_range", "client": "api-b", "runs": []})  # fmt: skip
+    assert other.status == 403
+    many = {"template": "print_range", "runs": [{"variables": {"n": 1}}] * 1001}
+    too_many = call(api, "POST", "/runs/batch", tokens["a"], many)
+    assert too_many.status == 422 and run_count() == before + 2 + outcomes.count("created")
+
+
+def test_a_submit_past_the_backlog_cap_is_503_busy_with_retry_after(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    import dtask
+
+    dtask.set_client("api-busy")
+    busy_token = token(dtask_env, "api-busy")
+    env = {**dtask_env, "DTASK_MAX_CLIENT_BACKLOG": "1"}
+    server, base = start_server(env, tmp_path / "serve.log")
+    try:
+        new = {"template": "print_range", "variables": {"n": 3}}
+        assert call(base, "POST", "/runs", busy_token, new).status == 201
+        before = run_count()
+        refused = call(base, "POST", "/runs", busy_token, new)
+        assert refused.status == 503, refused.body
+        assert refused.body["error"].startswith("busy: client 'api-busy' has 1 unfinished run (")
+        assert refused.body["retry_after"] > 0
+        assert int(refused.headers["retry-after"]) == math.ceil(refused.body["retry_after"])
+        two = {"template": "print_range", "runs": [{"variables": {"n": 1}}] * 2}
+        batch = call(base, "POST", "/runs/batch", busy_token, two)
+        assert [r["outcome"] for r in batch.body["runs"]] == ["busy", "busy"]
+        assert batch.body["busy"] == 2 and run_count() == before
+    finally:
+        server.stop()

@@ -1,0 +1,117 @@
+"""The backlog caps (DTASK_MAX_BACKLOG per queue, DTASK_MAX_CLIENT_BACKLOG per client) against
+a real PostgreSQL: a submit past one is refused at once with ``busy`` and creates nothing; a
+bulk submit's runs past it get the outcome ``busy``; room comes back as runs finish."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import text
+
+import dtask
+from dtask import services
+from dtask.client.clients import set_client
+from tests.conftest import DTASK, REPO
+from tests.support.db import wait_for
+
+
+@pytest.fixture
+def capped(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("DTASK_MAX_BACKLOG", "3")
+    monkeypatch.setenv("DTASK_MAX_CLIENT_BACKLOG", "4")
+    services.reset()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        services.reset()
+
+
+def queue() -> str:
+    return f"bq{uuid.uuid4().hex[:8]}"
+
+
+def count(queue: str) -> int:
+    with services.store().db.tx() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM dtask_runs WHERE queue LIKE :q"), {"q": f"{queue}%"}
+            ).scalar_one()
+        )
+
+
+def new_client(**settings: object) -> str:
+    set_client(name := f"c{uuid.uuid4().hex[:8]}", **settings)  # type: ignore[arg-type]
+    return name
+
+
+def submit(queue: str, client: str) -> dtask.Run:
+    return dtask.submit("tagged", {"n": 1, "delay": 0}, queue=queue, client=client)
+
+
+def test_a_queue_at_its_cap_refuses_at_once_and_creates_nothing(capped: None) -> None:
+    q, client = queue(), new_client()
+    runs = [submit(q, client) for _ in range(3)]
+    with pytest.raises(dtask.Busy, match=rf"^busy: queue '{q}' holds 3 unfinished runs") as busy:
+        submit(q, new_client())
+    assert busy.value.retry_after > 0 and busy.value.exit_code == 4
+    assert count(q) == 3
+    premium, rich = queue(), new_client(tier="premium")
+    dtask.submit("tagged", {"n": 1, "delay": 0}, queue=premium, client=rich, tier="premium")
+    other = new_client()
+    submit(premium, other)  # its tiers' queues count as the queue's: two of three
+    submit(premium, other)
+    with pytest.raises(dtask.Busy):
+        submit(premium, new_client())
+    assert count(premium) == 3
+    runs[0].cancel()  # a finished run makes room, seen within a second
+    wait_for(lambda: _accepted(q, client), 30, "the cancelled run's room")
+    assert count(q) == 4  # the cancelled one and three unfinished
+
+
+def _accepted(q: str, client: str) -> bool:
+    try:
+        submit(q, client)
+    except dtask.Busy:
+        return False
+    return True
+
+
+def test_a_client_at_its_cap_is_refused_whatever_the_queue(capped: None) -> None:
+    client = new_client()
+    for _ in range(2):
+        submit(queue(), client)
+        submit(queue(), client)
+    with pytest.raises(dtask.Busy, match=f"client '{client}' has 4 unfinished runs"):
+        submit(queue(), client)
+    submit(queue(), new_client())  # another client is not held back
+
+
+def test_a_bulk_past_the_cap_creates_what_fits_and_says_busy(capped: None) -> None:
+    q = queue()
+    found = dtask.submit_many(
+        "tagged", [{"n": 1, "delay": 0}, {"n": "x"}, *[{"n": 1, "delay": 0}] * 4], queue=q,
+        client=new_client(),
+    )  # fmt: skip
+    assert [s.outcome.value for s in found] == [
+        "created", "invalid", "created", "created", "busy", "busy",
+    ]  # fmt: skip
+    assert found[4].retry_after and "busy: queue" in (found[4].error or "")
+    assert count(q) == 3
+
+
+def test_the_cli_says_busy_and_exits_4(capped: None) -> None:
+    client = new_client()
+    submit(queue(), client)
+    done = subprocess.run(
+        [DTASK, "submit", "tagged", "--var", "n=1", "--var", "delay=0", "--client", client],
+        env={**os.environ, "DTASK_MAX_CLIENT_BACKLOG": "1"}, cwd=REPO, capture_output=True,
+        text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.startswith(f"dtask: error: busy: client '{client}' has 1 unfinished run (")
+    assert done.stdout == ""
