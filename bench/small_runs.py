@@ -4,7 +4,7 @@ tasks (``raw.sleep1ms``) sent with ``.delay()`` by as many processes. 2 worker p
 each (``dtask worker -c 2``, ``celery worker -c 2``), on the same embedded PostgreSQL and
 Redis; the other system's worker stays up, idle.
 
-    .venv/bin/python -m bench.small_runs [--runs 10000] [--submitters 4] [--system both]
+    .venv/bin/python -m bench.small_runs [--runs 10000] [--submitters 4] [--system all]
 
 dtask: runs/s = runs / (the latest run's ``finished_at`` - the first submit call's start).
 Stock Celery: tasks/s = tasks / (the latest result's ``date_done`` - the first ``.delay()``'s
@@ -43,7 +43,7 @@ def _cpu() -> float:
 def submitter(system: str, count: int) -> None:
     """In a submitter process: warm up (one submit, waited for), say "ready", wait for "go"
     on stdin, submit ``count`` times, print one JSON line (start, end, CPU, per call, ids)."""
-    if system == "dtask":
+    if system in ("dtask", "bulk"):
         import dtask
 
         dtask.submit("bench_one", {}).wait(timeout=60)  # imports, connections, the template
@@ -57,6 +57,11 @@ def submitter(system: str, count: int) -> None:
     sys.stdin.readline()
     cpu, start = _cpu(), time.time()
     calls, ids = [], []
+    if system == "bulk":  # every run of this submitter in one submit_many call
+        found = dtask.submit_many("bench_one", [{}] * count)
+        ids = [s.run_id for s in found if s.run_id is not None]
+        calls = [time.time() - start]
+        count = 0
     for _ in range(count):
         t = time.perf_counter()
         ids.append(send())
@@ -118,10 +123,11 @@ def _submit_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def dtask_small_runs(
-    engine: Any, runs: int, submitters: int, roles: dict[int, str]
+    engine: Any, runs: int, submitters: int, roles: dict[int, str], system: str = "dtask"
 ) -> dict[str, Any]:
-    """``runs`` runs of ``bench_one`` from ``submitters`` processes; the dtask worker must be
-    up. Returns runs/s and the submit cost."""
+    """``runs`` runs of ``bench_one`` from ``submitters`` processes (``system`` "bulk": one
+    ``submit_many`` call each); the dtask worker must be up. Returns runs/s and the submit
+    cost."""
     from sqlalchemy import text
 
     from bench import procs
@@ -129,7 +135,7 @@ def dtask_small_runs(
     with engine.connect() as conn:
         base = conn.execute(text("SELECT coalesce(max(id), 0) FROM dtask_runs")).scalar_one()
     before = procs.snapshot(roles)
-    reports = _submit("dtask", runs, submitters)
+    reports = _submit(system, runs, submitters)
     ids = [i for r in reports for i in r["ids"]]
     lo = min(ids)
     assert len(ids) == runs and lo > base, (len(ids), lo, base)
@@ -165,7 +171,7 @@ def dtask_small_runs(
             bounds,
         ).scalar_one()
     out.update(
-        system="dtask",
+        system=system,
         runs=runs,
         succeeded=row.ok,
         seconds=seconds,
@@ -247,11 +253,12 @@ def small_runs(
     runs: int,
     submitters: int,
     concurrency: int = 2,
-    system: str = "both",
+    system: str = "all",
     dispatch: str = "window",
 ) -> dict[str, Any]:
-    """A fresh cluster, then each side once (dtask first); the ratio runs/s over tasks/s.
-    ``dispatch``: DTASK_DISPATCH of the dtask worker (window, as shipped, or all)."""
+    """A fresh cluster, then each side once (dtask, dtask's bulk submit, Celery); the ratios
+    runs/s over tasks/s. ``system``: all, or one of dtask, bulk, celery. ``dispatch``:
+    DTASK_DISPATCH of the dtask worker (window, as shipped, or all)."""
     work = prepare_environment(DTASK_BENCH_RAW="stock", DTASK_DISPATCH=dispatch)
     from dtask import services
     from dtask.services import embedded
@@ -262,17 +269,19 @@ def small_runs(
     result: dict[str, Any] = {"runs": runs, "submitters": submitters, "dispatch": dispatch}
     try:
         roles = {}
-        if system in ("both", "dtask"):
+        sides = ("dtask", "bulk", "celery") if system == "all" else (system,)
+        if "dtask" in sides or "bulk" in sides:
             proc = workers.dtask(concurrency)
             roles[proc.pid] = "dtask"
-        if system in ("both", "celery"):
+        if "celery" in sides:
             proc = workers.raw(concurrency)
             roles[proc.pid] = "raw"
         workers.ready()
-        if system in ("both", "dtask"):
-            result["dtask"] = dtask_small_runs(engine, runs, submitters, roles)
-            _say(result["dtask"], "runs")
-        if system in ("both", "celery"):
+        for side in ("dtask", "bulk"):
+            if side in sides:
+                result[side] = dtask_small_runs(engine, runs, submitters, roles, side)
+                _say(result[side], "runs")
+        if "celery" in sides:
             result["celery"] = celery_small_runs(runs, submitters, roles)
             _say(result["celery"], "tasks")
     finally:
@@ -282,7 +291,12 @@ def small_runs(
     if "dtask" in result and "celery" in result:
         result["ratio"] = result["dtask"]["rate"] / result["celery"]["rate"]
         print(f"ratio dtask runs/s / Celery tasks/s: {result['ratio']:.2f} (target >= 1.0)")
-    for side in ("dtask", "celery"):
+    if "bulk" in result and "celery" in result:
+        result["bulk_ratio"] = result["bulk"]["rate"] / result["celery"]["rate"]
+        print(
+            f"ratio submit_many runs/s / Celery tasks/s: {result['bulk_ratio']:.2f} (target >= 3)"
+        )
+    for side in ("dtask", "bulk", "celery"):
         if side in result:
             for key in ("calls", "ids"):
                 result[side].pop(key, None)
@@ -312,14 +326,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--submitters", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--system", choices=["both", "dtask", "celery"], default="both")
+    parser.add_argument("--system", choices=["all", "dtask", "bulk", "celery"], default="all")
     parser.add_argument(
         "--dispatch",
         choices=["window", "all"],
         default="window",
         help="DTASK_DISPATCH of the dtask worker (default window, as shipped)",
     )
-    parser.add_argument("--submitter", choices=["dtask", "celery"], help=argparse.SUPPRESS)
+    parser.add_argument("--submitter", choices=["dtask", "bulk", "celery"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.submitter:  # one of the submitter processes this module starts
         submitter(args.submitter, args.runs)
@@ -327,30 +341,38 @@ def main() -> int:
     began = time.monotonic()
     result = small_runs(args.runs, args.submitters, args.concurrency, args.system, args.dispatch)
     print(json.dumps(result, default=str))
-    if args.system == "both":
+    if args.system == "all":
         save(result, time.monotonic() - began)
     return 0
 
 
 def save(result: dict[str, Any], seconds: float) -> None:
     """bench/out/small_runs.json: what docs/benchmarks.md shows (bench/report.py)."""
-    d, c = result["dtask"], result["celery"]
+    d, b, c = result["dtask"], result["bulk"], result["celery"]
     lines = [
         f"`python -m bench.small_runs`: {result['runs']:,} runs of one 1-ms child each"
-        f" (`dtask.submit`), against stock Celery's {result['runs']:,} 1-ms tasks (`.delay()`,"
-        f" every result read back), {result['submitters']} submitting processes, 2 worker"
-        " processes each:",
+        f" (`dtask.submit`, then one `dtask.submit_many` call per submitter), against stock"
+        f" Celery's {result['runs']:,} 1-ms tasks (`.delay()`, every result read back),"
+        f" {result['submitters']} submitting processes, 2 worker processes each:",
         "",
         "| system | completed/s | seconds | submit call p50 / p99 ms | submitters' CPU s |",
         "|:-|---:|---:|---:|---:|",
     ]
-    for name, side in (("dtask (runs)", d), ("stock Celery (tasks)", c)):
+    for name, side in (
+        ("dtask, `submit` (runs)", d),
+        ("dtask, `submit_many` (runs)", b),
+        ("stock Celery (tasks)", c),
+    ):
         lines.append(
             f"| {name} | {side['rate']:,.0f} | {side['seconds']:.1f}"
             f" | {side['submit_ms_p50']:.2f} / {side['submit_ms_p99']:.2f}"
             f" | {side['submitter_cpu_s']:.1f} |"
         )
-    lines += ["", f"dtask's runs/s over stock Celery's tasks/s: **{result['ratio']:.2f}**."]
+    lines += [
+        "",
+        f"dtask's runs/s over stock Celery's tasks/s: **{result['ratio']:.2f}** with `submit`,"
+        f" **{result['bulk_ratio']:.2f}** with `submit_many`.",
+    ]
     if "masters_resent" in d:
         lines[-1] += f" Masters the reaper re-sent: {d['masters_resent']:,}."
     out = {"seconds": seconds, "ratio": result["ratio"], "markdown": "\n".join(lines)}

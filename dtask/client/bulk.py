@@ -1,9 +1,12 @@
 """Bulk submits: ``dtask.submit_many`` (and ``Template.map``), which `dtask submit --from` and
 the HTTP API's ``POST /api/v1/runs/batch`` call. Many runs of one template with the same
 options, written one transaction per chunk (``MOST_PER_CHUNK``), each item's outcome in input
-order: created, its key's run (known_key), invalid, or refused by the client's rate limit
-(limit_exceeded, with retry_after). The options are checked once, before anything is written:
-a bad option refuses the whole call."""
+order: created, its key's run (known_key), invalid, refused by the client's rate limit
+(limit_exceeded, with retry_after) or by a backlog cap (busy). The options are checked once,
+before anything is written: a bad option refuses the whole call. A chunk's runs are committed
+before their masters are sent: where the broker cannot take them, the runs stay created and
+the reaper sends their masters within DTASK_STALL_TIMEOUT (nothing is lost, and the outcome
+says created)."""
 
 from __future__ import annotations
 

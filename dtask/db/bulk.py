@@ -62,9 +62,14 @@ def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
     if admitted:
         created = _insert(conn, charged, [runs[i] for i in admitted])
         raced = _by_keys(conn, first.client, {runs[i].key for i in admitted} - set(created))
+        raced_after = _upstreams(conn, [int(row.id) for row in raced.values()])
         for i in admitted:
             key = runs[i].key
-            results[i] = created[key] if key in created else _known(raced[key], [], runs[i])
+            if key in created:
+                results[i] = created[key]
+            else:  # another submit of the key committed first
+                row = raced[key]
+                results[i] = _known(row, raced_after.get(int(row.id), []), runs[i])
     for i, run in enumerate(runs):
         if results[i] is None:  # its key again: as the key's first item
             results[i] = _again(results[first_of[run.key]], runs[first_of[run.key]], run)
