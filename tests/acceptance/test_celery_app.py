@@ -202,11 +202,12 @@ def test_sigterm_of_a_host_worker_hands_its_children_over(
 ) -> None:
     env = project_env(dtask_env, tmp_path, None, 11)
     leaving = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "leaving@%h")
-    run_id = delay(env, 40, 0.25)
+    run_id = delay(env, 40, 0.6)  # two children of 12 s: still running once `staying` is up
     for index in (0, 1):
         wait_for(lambda i=index: (child_row(run_id, i).checkpoint or {}).get("done", 0) >= 5,
                  60, f"child {index} to checkpoint")  # fmt: skip
     staying = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "staying@%h")
+    assert [child_row(run_id, i).state for i in (0, 1)] == ["running", "running"]
     sent = time.monotonic()
     os.killpg(leaving.proc.pid, signal.SIGTERM)
     assert leaving.proc.wait(30) == 0

@@ -138,14 +138,16 @@ def test_a_child_that_ignores_the_drain_is_released_when_the_grace_period_ends(
     start_worker: object, sink: Path
 ) -> None:
     leaving = start_worker(DTASK_DRAIN_GRACE="2")  # type: ignore[operator]
-    run = dtask.submit("stubborn", {"steps": 20})  # 10 s, never checks should_stop()
+    # 20 s, never checks should_stop(); still running once `staying` is up on a slow machine
+    run = dtask.submit("stubborn", {"steps": 40})
     wait_for(lambda: child_row(run.id, 0).state == "running", 30, "the child to start")
     staying = start_worker()  # type: ignore[operator]
+    assert child_row(run.id, 0).state == "running"
     sent = time.monotonic()
     leaving.proc.send_signal(signal.SIGTERM)
     assert leaving.proc.wait(15) == 0
     assert time.monotonic() - sent < 10
-    status = run.wait(timeout=60)
+    status = run.wait(timeout=90)
     assert status.state is dtask.RunState.SUCCEEDED, status.error
     assert "did not stop within the drain grace period" in leaving.output()
     assert staying.proc.poll() is None
