@@ -70,7 +70,8 @@ pgbouncer:
 # The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
-TEST_PROCESSES ?= 4
+# 3 on this 2-core box: with 4, a slow day's run timed out in 8 tests (and took longer).
+TEST_PROCESSES ?= 3
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 # Part of `make test` (and 26 s the first time for its venv): the unit tests, the late chord
