@@ -70,6 +70,7 @@ class Attempt:
         )
         # sys.stdout is the process's: only a prefork pool process runs one child at a time
         self.printed = Tail(sys.stdout) if runaway.in_pool_process() else None
+        self.worked: float | None = None  # seconds in the child's function, once it returned
 
     def run(self) -> None:
         """Run the child to its end here; raises what its delivery's retry raises, Ignore
@@ -78,7 +79,9 @@ class Attempt:
         drain.running(self._hand_back)
         try:
             with self.beat:
+                called_at = time.monotonic()
                 value = self._call()
+                self.worked = time.monotonic() - called_at
                 if self.beat.lost.is_set():
                     raise LeaseLost(f"{delivery} was taken over elsewhere")
                 what = str(delivery)

@@ -170,12 +170,16 @@ def test_sigkill_of_a_host_worker_resumes_its_children_on_another(
     start: Callable[..., CeleryWorker], dtask_env: dict[str, str], tmp_path: Path
 ) -> None:
     env = project_env(dtask_env, tmp_path, None, 10)
-    first = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "first@%h")
+    # both up before the run: a worker started after the first child checkpointed could
+    # outlast the child on a slow machine, leaving nothing to resume
+    workers = [start(env, "-Q", "celery,dtask", "-c", "2", "-n", f"{n}@%h") for n in "ab"]
     run_id = delay(env, 40, 0.25)  # 2 children of 5 s each
     wait_for(
         lambda: (child_row(run_id, 0).checkpoint or {}).get("done", 0) >= 5, 60, "a checkpoint"
     )
-    second = start(env, "-Q", "celery,dtask", "-c", "2", "-n", "second@%h")
+    owner = os.getpgid(owner_pid(child_row(run_id, 0).owner or ""))
+    first = next(w for w in workers if w.proc.pid == owner)
+    second = next(w for w in workers if w is not first)
     killed = time.monotonic()
     os.killpg(first.proc.pid, signal.SIGKILL)
     first.proc.wait(10)

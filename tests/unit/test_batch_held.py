@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 
 import dtask
+from dtask.domain.dispatch import BATCH_SECONDS, batch_size
 from dtask.settings import Settings
 from dtask.worker.batch import children as children_message
+from dtask.worker.delivery import Delivery
+from dtask.worker.lifecycle import run_child
 from tests.support.memory import MemoryStore, install
 
 CONFIG = Settings(lease_ttl=5.0, heartbeat_interval=0.5, retry_delay=0.0)
@@ -98,3 +102,27 @@ def test_a_long_child_writes_the_successes_held_before_it_with_its_heartbeat(
     assert store.row(run_id, 3).result is True
     assert store.runs.get(run_id).state.value == "succeeded"
     assert store.tables.runs[run_id].child_seconds is not None  # the message noted its time
+
+
+@dtask.template("quick", params={}, skeleton={}, split=lambda r: [{}])
+def quick(ctx: dtask.ChildContext) -> None:
+    return None
+
+
+def test_a_slow_database_does_not_make_short_children_look_long(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's noted time is its function's: a claim or finish slowed by a busy database is
+    what several children to a message save, so it must not keep them one to a message."""
+    run_id = store.runs.add("quick", [{}], max_attempts=1)
+    store.runs.dispatch(run_id, lambda run, children: None, deferred=True)
+    claim = store.children.claim
+
+    def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(2 * BATCH_SECONDS)
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(store.children, "claim", slow_claim)
+    took = run_child(Delivery(run_id, 0, "quick", {}))
+    assert took is not None and batch_size(took) > 1, took
+    assert states(store, run_id) == [(0, "succeeded", 1)]
