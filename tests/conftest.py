@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,38 @@ def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 _started: list[bool] = []  # whether this process's session started the services
+NOBODY_LISTENS = "redis://127.0.0.1:9/0"  # a broker URL whose sends fail at once
+
+
+@pytest.fixture
+def settings_from(
+    dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[dict[str, str]], None]]:
+    """Set DTASK_* variables for this test and rebuild dtask's services from them; both
+    undone after it."""
+
+    def apply(variables: dict[str, str]) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        services.reset()
+
+    try:
+        yield apply
+    finally:
+        monkeypatch.undo()
+        services.reset()
+
+
+@pytest.fixture
+def no_broker(settings_from: Callable[[dict[str, str]], None]) -> None:
+    """dtask's PostgreSQL as the session's, and a broker nobody listens on."""
+    settings_from(
+        {
+            "DTASK_DATABASE_URL": services.database_url(),
+            "DTASK_BROKER_URL": NOBODY_LISTENS,
+            "DTASK_RESULT_BACKEND": NOBODY_LISTENS,
+        }
+    )
 
 
 @pytest.fixture(autouse=True, scope="module")

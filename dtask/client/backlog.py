@@ -36,20 +36,38 @@ _counts: dict[tuple[str, str], _Count] = {}
 _lock = threading.Lock()
 
 
-def room(run: NewRun, settings: Settings) -> int | None:
-    """How many more runs like ``run`` (its queue and client, as asked) may be created now;
-    None when no cap is set."""
+def admit(run: NewRun, settings: Settings, wanted: int = 1) -> tuple[int, Busy | None]:
+    """How many of ``wanted`` more runs like ``run`` (its queue and client, as asked) fit
+    under the caps now, and the one line the rest get (None when all fit)."""
     caps = (settings.max_backlog, settings.max_client_backlog)
     if caps == (None, None):
-        return None
+        return wanted, None
     count = _count(_queue(run), run.client)
-    rooms = [cap - used for cap, used in zip(caps, (count.queue, count.client), strict=True) if cap]
-    return max(0, min(rooms))
+    used = (count.queue, count.client)
+    rooms = [cap - n for cap, n in zip(caps, used, strict=True) if cap is not None]
+    fits = max(0, min(wanted, *rooms))
+    return fits, None if fits == wanted else _refusal(run, settings, count, fits)
 
 
-def refusal(run: NewRun, settings: Settings, adding: int = 0) -> Busy:
+def check(run: NewRun, settings: Settings) -> None:
+    """Busy unless one more run like ``run`` fits under the caps."""
+    _, busy = admit(run, settings)
+    if busy is not None:
+        raise busy
+
+
+def added(run: NewRun, created: int) -> None:
+    """This process created ``created`` runs like ``run``: counted at once."""
+    if created:
+        with _lock:
+            count = _counts.get((_queue(run), run.client))
+            if count is not None:
+                count.queue += created
+                count.client += created
+
+
+def _refusal(run: NewRun, settings: Settings, count: _Count, adding: int) -> Busy:
     """The one line a submit past a cap gets (once ``adding`` more runs are created)."""
-    count = _count(_queue(run), run.client)
     queued, owned = count.queue + adding, count.client + adding
     if settings.max_backlog is not None and queued >= settings.max_backlog:
         what = f"queue {_queue(run)!r} holds {_runs(queued)} (DTASK_MAX_BACKLOG"
@@ -61,22 +79,6 @@ def refusal(run: NewRun, settings: Settings, adding: int = 0) -> Busy:
         f"busy: {what}; nothing was created, retry in {RETRY_AFTER:g} s",
         retry_after=RETRY_AFTER,
     )
-
-
-def check(run: NewRun, settings: Settings) -> None:
-    """Busy unless one more run like ``run`` fits under the caps."""
-    if room(run, settings) == 0:
-        raise refusal(run, settings)
-
-
-def added(run: NewRun, created: int) -> None:
-    """This process created ``created`` runs like ``run``: counted at once."""
-    if created:
-        with _lock:
-            count = _counts.get((_queue(run), run.client))
-            if count is not None:
-                count.queue += created
-                count.client += created
 
 
 def _runs(count: int) -> str:

@@ -87,14 +87,16 @@ def _submit_chunk(prepared: Prepared, chunk: list[Item], offset: int) -> list[Su
             at.append(i)
         except DtaskError as exc:
             outcomes[i] = Submitted(offset + i, Outcome.INVALID, error=str(exc))
-    room = None if prepared.eager or not runs else backlog.room(runs[0], prepared.settings)
-    if room is not None and room < len(runs):  # past the backlog cap: busy, nothing written
-        busy = backlog.refusal(runs[0], prepared.settings, room)
-        for i in at[room:]:
+    fits, busy = (
+        (len(runs), None) if prepared.eager or not runs
+        else backlog.admit(runs[0], prepared.settings, len(runs))
+    )  # fmt: skip
+    if busy is not None:  # past the backlog cap: busy, nothing written
+        for i in at[fits:]:
             outcomes[i] = Submitted(
                 offset + i, Outcome.BUSY, error=str(busy), retry_after=busy.retry_after
             )
-        runs, at = runs[:room], at[:room]
+        runs, at = runs[:fits], at[:fits]
     results = services.store().runs.create_runs(runs) if runs else []
     created: list[tuple[Created, NewRun]] = []
     for i, run, result in zip(at, runs, results, strict=True):

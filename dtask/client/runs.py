@@ -8,18 +8,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, Unpack
 
 from dtask import services
 from dtask.client import backlog
 from dtask.client.transactions import written_on
 from dtask.db import Store
 from dtask.db.run_inserts import Created
-from dtask.domain.clients import DEFAULT_CLIENT, Tier, check_name, check_priority, tier_of
+from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority, tier_of
 from dtask.domain.deadlines import (
-    OnLate,
     check_delay_tolerance,
     check_queue,
     check_start,
@@ -29,7 +27,7 @@ from dtask.domain.deps import check_after
 from dtask.domain.limits import check_json_size, check_key
 from dtask.domain.notify import check_url
 from dtask.domain.runs import NewRun, RunHandle, RunState, RunStatus
-from dtask.domain.templates import Template, check_execution_cap, registry
+from dtask.domain.templates import RunOptions, Template, check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
     InvalidVariables,
@@ -173,19 +171,9 @@ def submit(
     variables: dict[str, Any],
     key: str | None = None,
     *,
-    execution_cap: float | None = None,
-    client: str = DEFAULT_CLIENT,
-    priority: int | None = None,
-    delay_tolerance: float | None = None,
-    on_late: OnLate | str | None = None,
-    tier: Tier | str | None = None,
-    notify_url: str | None = None,
-    countdown: float | None = None,
-    eta: datetime | None = None,
-    queue: str | None = None,
-    after: Iterable[int | str | RunHandle] | None = None,
     using: str | None = None,
     connection: Any = None,
+    **options: Unpack[RunOptions],
 ) -> Run:
     """Trigger ``template`` once per ``key`` of ``client`` (a fresh key if None); return the
     run. A key is the client's own: another client's run of the same key is another run.
@@ -219,11 +207,7 @@ def submit(
     this returns (split, children, reduce), whatever ``countdown``, ``eta``, ``using`` or
     ``connection`` say, and nothing is sent to the broker (dtask/worker/eager.py).
     """
-    prepared = prepare(
-        template, execution_cap=execution_cap, client=client, priority=priority,
-        delay_tolerance=delay_tolerance, on_late=on_late, tier=tier, notify_url=notify_url,
-        countdown=countdown, eta=eta, queue=queue, after=after,
-    )  # fmt: skip
+    prepared = prepare(template, **options)
     tpl, config, eager_mode = prepared.template, prepared.settings, prepared.eager
     new_run = prepared.run(variables, key)
     store = services.store()
@@ -295,22 +279,14 @@ class Prepared:
         )
 
 
-def prepare(
-    template: str,
-    *,
-    execution_cap: float | None = None,
-    client: str = DEFAULT_CLIENT,
-    priority: int | None = None,
-    delay_tolerance: float | None = None,
-    on_late: OnLate | str | None = None,
-    tier: Tier | str | None = None,
-    notify_url: str | None = None,
-    countdown: float | None = None,
-    eta: datetime | None = None,
-    queue: str | None = None,
-    after: Iterable[int | str | RunHandle] | None = None,
-) -> Prepared:
+def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
     """``submit``'s options checked (see there), in one place for one run or many."""
+    unknown = sorted(set(options) - set(RunOptions.__annotations__))
+    if unknown:  # as Python says it of a keyword a signature lacks
+        raise TypeError(f"submit() got an unexpected keyword argument {unknown[0]!r}")
+    client = options.get("client", DEFAULT_CLIENT)
+    priority, tier = options.get("priority"), options.get("tier")
+    notify_url, on_late = options.get("notify_url"), options.get("on_late")
     eager_mode = eager_active()
     if eager_mode:
         services.load_templates(services.current().settings)  # no broker: none is used
@@ -325,13 +301,15 @@ def prepare(
             " DTASK_TEMPLATES"
         )
     where = f"run of template {tpl.name!r}"
-    cap = check_execution_cap(execution_cap, where)
-    tolerance = check_delay_tolerance(delay_tolerance, where) or tpl.options.delay_tolerance
+    cap = check_execution_cap(options.get("execution_cap"), where)
+    tolerance = (
+        check_delay_tolerance(options.get("delay_tolerance"), where) or tpl.options.delay_tolerance
+    )
     late_policy = tpl.options.on_late if on_late is None else on_late_of(on_late, where)
     check_name(client)
     wanted_tier = tier_of(tier) if isinstance(tier, str) else tier
     check_url(notify_url, allow_private=config.notify_allow_private)
-    start_at, start_in = check_start(countdown, eta, where)
+    start_at, start_in = check_start(options.get("countdown"), options.get("eta"), where)
     if eager_mode:  # as Celery's eager apply_async: it runs now
         start_at = start_in = None
     if priority is not None:
@@ -341,7 +319,7 @@ def prepare(
         key="",
         variables={},
         max_attempts=tpl.options.max_attempts,
-        queue=check_queue(queue, where) or tpl.options.queue,
+        queue=check_queue(options.get("queue"), where) or tpl.options.queue,
         execution_cap=cap,
         client=client,
         priority=priority,
@@ -351,7 +329,7 @@ def prepare(
         notify_url=notify_url,
         start_at=start_at,
         start_in=start_in,
-        after=_upstreams(services.store(), after, where, client),
+        after=_upstreams(services.store(), options.get("after"), where, client),
     )
     return Prepared(tpl, base, config, eager_mode)
 

@@ -13,11 +13,19 @@ from sqlalchemy import Connection
 
 from dtask.db import counters, deps
 from dtask.db.clients import lock_client, rate_window
-from dtask.db.run_inserts import BY_KEYS, INSERT_MANY, Created, RunInserts, known, params
+from dtask.db.run_inserts import (
+    BY_KEYS,
+    INSERT_MANY,
+    Created,
+    RunInserts,
+    key_conflict,
+    known,
+    params,
+)
 from dtask.domain.bulk import Window, admit
 from dtask.domain.clients import Client, refusal
 from dtask.domain.runs import NewRun, RunState
-from dtask.exceptions import DtaskError, KeyConflict, RateLimited
+from dtask.exceptions import DtaskError, RateLimited
 
 Result = Created | DtaskError
 
@@ -137,15 +145,8 @@ def _again(first: Result | None, first_run: NewRun, run: NewRun) -> Result:
         return first
     if run.template != first_run.template or run.variables != first_run.variables:
         differs = "template" if run.template != first_run.template else "variables"
-        return _conflict(run.key, first.id, differs)
+        return key_conflict(run.key, first.id, [differs])
     return Created(first.id, False, first.state, first.starts_in, first.priority)
-
-
-def _conflict(key: str, run_id: int, differs: str) -> DtaskError:
-    return KeyConflict(
-        f"key {key!r} already triggered run {run_id} with another {differs};"
-        " use another key for another run"
-    )
 
 
 def _by_keys(conn: Connection, client: str, keys: set[str]) -> dict[str, Any]:

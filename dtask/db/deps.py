@@ -85,13 +85,7 @@ def upstreams_of_many(conn: Connection, run_ids: Sequence[int]) -> dict[int, lis
 
 
 def upstreams_of(conn: Connection, run_id: int) -> list[int]:
-    return [
-        int(r.upstream_id)
-        for r in conn.execute(
-            sql("SELECT upstream_id FROM dtask_run_deps WHERE run_id = :id ORDER BY upstream_id"),
-            {"id": run_id},
-        )
-    ]
+    return upstreams_of_many(conn, [run_id]).get(run_id, [])
 
 
 def settle(conn: Connection, run_id: int, state: RunState) -> list[int]:

@@ -133,6 +133,15 @@ def _insert(conn: Connection, run: NewRun) -> Created | None:
     return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
 
 
+def key_conflict(key: str, run_id: int, differs: list[str]) -> KeyConflict:
+    """A key's run asked for with another template, variables or upstreams (``differs``);
+    the client's own run, though its variables are not shown all the same."""
+    return KeyConflict(
+        f"key {key!r} already triggered run {run_id} with another {' and '.join(differs)};"
+        " use another key for another run"
+    )
+
+
 def known(existing: Row[Any], existing_after: list[int], run: NewRun) -> Created:
     """The run ``existing`` (the client's run of ``run``'s key) as a submit of ``run`` gets
     it; KeyConflict where ``run`` asks for another template, variables or upstreams."""
@@ -145,11 +154,8 @@ def known(existing: Row[Any], existing_after: list[int], run: NewRun) -> Created
         )
         if not same
     ]
-    if differs:  # the client's own run (its variables are not shown all the same)
-        raise KeyConflict(
-            f"key {run.key!r} already triggered run {existing.id} with another"
-            f" {' and '.join(differs)}; use another key for another run"
-        )
+    if differs:
+        raise key_conflict(run.key, int(existing.id), differs)
     return Created(
         int(existing.id), False, RunState(existing.state), float(existing.starts_in),
         existing.priority,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import text
@@ -20,15 +20,8 @@ from tests.support.db import wait_for
 
 
 @pytest.fixture
-def capped(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("DTASK_MAX_BACKLOG", "3")
-    monkeypatch.setenv("DTASK_MAX_CLIENT_BACKLOG", "4")
-    services.reset()
-    try:
-        yield
-    finally:
-        monkeypatch.undo()
-        services.reset()
+def capped(settings_from: Callable[[dict[str, str]], None]) -> None:
+    settings_from({"DTASK_MAX_BACKLOG": "3", "DTASK_MAX_CLIENT_BACKLOG": "4"})
 
 
 def queue() -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,6 @@ import pytest
 import dtask
 from dtask import services
 from dtask.worker.app import current
-
-BROKER_NOBODY_LISTENS_ON = "redis://127.0.0.1:9/0"
 
 
 @dtask.template(
@@ -36,22 +34,8 @@ def eager_sum(ctx: dtask.ChildContext, a: int, b: int) -> int:
 
 
 @pytest.fixture
-def no_broker(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("DTASK_DATABASE_URL", services.database_url())
-    monkeypatch.setenv("DTASK_BROKER_URL", BROKER_NOBODY_LISTENS_ON)
-    monkeypatch.setenv("DTASK_RESULT_BACKEND", BROKER_NOBODY_LISTENS_ON)
-    services.reset()
-    try:
-        yield
-    finally:
-        monkeypatch.undo()
-        services.reset()
-
-
-@pytest.fixture
-def eager(no_broker: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DTASK_EAGER", "1")
-    services.reset()
+def eager(no_broker: None, settings_from: Callable[[dict[str, str]], None]) -> None:
+    settings_from({"DTASK_EAGER": "1"})
 
 
 def test_an_eager_delay_returns_its_run_finished_with_the_reduce_s_result(eager: None) -> None:

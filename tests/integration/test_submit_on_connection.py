@@ -7,7 +7,6 @@ a committed run (tests/acceptance/test_django_transactions.py runs them with Dja
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -15,21 +14,6 @@ from sqlalchemy import create_engine, text
 
 import dtask
 from dtask import services
-
-NOBODY = "redis://127.0.0.1:9/0"
-
-
-@pytest.fixture
-def no_broker(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("DTASK_DATABASE_URL", services.database_url())
-    monkeypatch.setenv("DTASK_BROKER_URL", NOBODY)
-    monkeypatch.setenv("DTASK_RESULT_BACKEND", NOBODY)
-    services.reset()
-    try:
-        yield
-    finally:
-        monkeypatch.undo()
-        services.reset()
 
 
 def _libpq(url: str) -> str:

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
+import dtask
 from dtask.domain.runs import (
     ChildCounts,
     ChildState,
@@ -112,3 +114,11 @@ def test_status_json_has_the_documented_shape() -> None:
     assert data["children"] == {
         "total": 3, "pending": 0, "running": 1, "succeeded": 2, "failed": 0,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("call", [dtask.submit, dtask.submit_many])
+def test_a_misspelled_submit_option_is_refused_not_ignored(call: Any) -> None:
+    """The options travel as ``**options`` (one list of them, RunOptions): a name not in it is
+    the TypeError Python gives for a keyword a signature lacks, before anything is read."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prioirty'"):
+        call("any", {} if call is dtask.submit else [{}], prioirty=3)
