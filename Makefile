@@ -98,6 +98,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.small_runs --runs 3000
+	$(BIN)/python -m bench.overload
 	$(BIN)/python -m bench.busy_latency
 	$(BIN)/python -m bench.elastic
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

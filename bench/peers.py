@@ -1,11 +1,12 @@
 """dtask against what its users would pick instead, side by side on this machine: stock
-Celery (a chord with Celery's defaults), Dramatiq (a group with a completion callback) and
-Procrastinate (on the same PostgreSQL; it has no fan-in, so its client defers N jobs and waits
-for all of them), 2 worker processes each, N no-op children from one submitter, the systems'
-runs alternating.
+Celery (a chord with Celery's defaults, and the same chord of ``chunks(..., 100)``, which an
+expert hand-writes for tiny tasks: no record, retry or checkpoint per child), Dramatiq (a group
+with a completion callback) and Procrastinate (on the same PostgreSQL; it has no fan-in, so
+its client defers N jobs and waits for all of them), 2 worker processes each, N no-op children
+from one submitter, the systems' runs alternating.
 
     .venv/bin/python -m bench.peers [--sizes 2000,10000] [--repeats 3] [--broker redis|amqp]
-        [--systems dtask,celery,dramatiq,procrastinate]
+        [--systems dtask,celery,chunks,dramatiq,procrastinate]
 
 --broker redis (the default): every broker is the embedded Redis. --broker amqp: dtask, stock
 Celery and Dramatiq send their messages through RabbitMQ (--amqp-url; by default a vhost of the
@@ -33,10 +34,12 @@ from urllib.parse import urlsplit
 
 from bench.cluster import REPO, Workers, prepare_environment
 
-SYSTEMS = ("dtask", "celery", "dramatiq", "procrastinate")
+SYSTEMS = ("dtask", "celery", "chunks", "dramatiq", "procrastinate")
+CHUNK = 100  # children per task of the chunks baseline
 NAMES = {
     "dtask": "dtask",
     "celery": "stock Celery",
+    "chunks": f"Celery chunks({CHUNK})",
     "dramatiq": "Dramatiq",
     "procrastinate": "Procrastinate",
 }
@@ -48,9 +51,9 @@ AMQP_QUEUES = ("dtask", "dtask.regular", "dtask.premium", "raw", "default", "def
 OUT = REPO / "bench" / "out" / "peers.md"
 
 
-def client(module: str, n: int) -> float:
+def client(module: str, n: int, *extra: str) -> float:
     out = subprocess.run(
-        [sys.executable, "-m", module, str(n)],
+        [sys.executable, "-m", module, str(n), *extra],
         capture_output=True, text=True, cwd=REPO, check=True, timeout=3600,
     )  # fmt: skip
     measured = json.loads(out.stdout.strip().splitlines()[-1])
@@ -73,6 +76,8 @@ def one(
         took = measure.dtask_fanout(engine, n, {}).seconds
     elif system == "celery":
         took = measure.raw_fanout(n, {}).seconds
+    elif system == "chunks":  # on stock Celery's workers
+        took = client("bench.raw_client", n, "--chunks", str(CHUNK))
     else:
         took = client(f"bench.{system}_client", n)
     after = cluster_cpu(roles)
@@ -139,7 +144,7 @@ def main() -> int:
     parser.add_argument("--big", type=int, default=100_000, help="sizes from here run once")
     parser.add_argument(
         "--big-systems",
-        default="dtask,celery,dramatiq",
+        default="dtask,celery,chunks,dramatiq",
         help="the systems that run at the big sizes (Procrastinate's 100k takes minutes)",
     )
     parser.add_argument(
@@ -257,7 +262,7 @@ def start_workers(workers: Workers, systems: tuple[str, ...], database_url: str)
         proc = workers.dtask(2)
         workers.ready(proc)
         roles[proc.pid] = "dtask"
-    if "celery" in systems:
+    if "celery" in systems or "chunks" in systems:
         roles[workers.raw(2).pid] = "celery"
     if "dramatiq" in systems:
         argv = [sys.executable, "-m", "dramatiq", "bench.dramatiq_app",

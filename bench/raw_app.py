@@ -41,3 +41,9 @@ def sleep1ms() -> None:
 @app.task(name="raw.done")
 def done(results: list[Any]) -> int:
     return len(results)
+
+
+@app.task(name="raw.done_chunks")
+def done_chunks(results: list[list[Any]]) -> int:
+    """bench.raw_client --chunks: the children counted across their chunks' results."""
+    return sum(len(chunk) for chunk in results)

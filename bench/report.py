@@ -52,6 +52,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             r = d[0] / c[0]
             out.append((f"dtask <= 0.5x stock Celery's time at {n:,} (Redis)", f"{r:.2f}x",
                         _verdict(r <= 0.5)))  # fmt: skip
+        k = redis.get(("chunks", n))
+        if d and k:
+            r = d[0] / k[0]
+            out.append((f"dtask within 2x of Celery chunks(100)'s time at {n:,}", f"{r:.2f}x",
+                        _verdict(r <= 2)))  # fmt: skip
         if d and q:
             r = d[0] / q[0]
             out.append((f"dtask below Dramatiq's time at {n:,}", f"{r:.2f}x", _verdict(r < 1)))
@@ -101,6 +106,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     _verdict(p50 <= 50)))  # fmt: skip
         out.append(("submit -> first child p99 <= 250 ms while 100k busy", f"{p99:.0f} ms",
                     _verdict(p99 <= 250)))  # fmt: skip
+    over = load("overload.json")
+    if over:
+        low, p99 = over["goodput_min"], over["submit_ms"]["p99"]
+        out.append(("overload: goodput >= 90 % of capacity in every 5 s window", f"{low:.0%}",
+                    _verdict(low >= 0.9)))  # fmt: skip
+        out.append(("overload: p99 submit <= 250 ms under the backlog cap", f"{p99:.0f} ms",
+                    _verdict(p99 <= 250)))  # fmt: skip
     minutes = total_minutes(results)
     out.append(("`make bench` under 15 minutes", f"{minutes:.1f} min", _verdict(minutes < 15)))
     return out
@@ -110,6 +122,7 @@ def total_minutes(results: dict[str, Any]) -> float:
     seconds = results["seconds"]
     for name in ("peers.json", "small_runs.json", "busy_latency.json"):
         seconds += (load(name) or {}).get("seconds", 0)
+    seconds += (load("overload.json") or {}).get("wall", 0)
     return float(seconds / 60)
 
 
@@ -227,6 +240,9 @@ def write(results: dict[str, Any]) -> None:
         "## 4. Many small runs",
         "",
         *parts.small_runs_section(),
+        "### Overload",
+        "",
+        *parts.overload_section(),
         "## 5. Latency",
         "",
         f"Idle: {len(results['latency'])} submissions of a one-child run, each after the"

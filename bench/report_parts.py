@@ -11,8 +11,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
-NAMES = {"dtask": "dtask", "celery": "stock Celery", "dramatiq": "Dramatiq",
-         "procrastinate": "Procrastinate"}  # fmt: skip
+NAMES = {"dtask": "dtask", "celery": "stock Celery", "chunks": "Celery chunks(100)",
+         "dramatiq": "Dramatiq", "procrastinate": "Procrastinate"}  # fmt: skip
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -75,6 +75,13 @@ def small_runs_section() -> list[str]:
     if not small:
         return ["Not run (`python -m bench.small_runs`).", ""]
     return [*small.get("markdown", json.dumps(small)).rstrip().splitlines(), ""]
+
+
+def overload_section() -> list[str]:
+    found = load("overload.json")
+    if not found:
+        return ["Not run (`python -m bench.overload`).", ""]
+    return [*found["markdown"].rstrip().splitlines(), ""]
 
 
 def busy_section() -> list[str]:

@@ -24,7 +24,7 @@ from dtask.domain.runs import NewRun, RunState
 from dtask.domain.templates import RunOptions
 from dtask.exceptions import BrokerUnavailable, DtaskError, InvalidVariables, RateLimited
 from dtask.worker.eager import run as run_eagerly
-from dtask.worker.messages import Master, send_masters
+from dtask.worker.masters import PER_MESSAGE, Master, send_masters
 
 log = logging.getLogger("dtask.client")
 
@@ -127,14 +127,14 @@ def _start(prepared: Prepared, created: list[tuple[Created, NewRun]]) -> None:
             run_eagerly(run.id)
         return
     due = [
-        Master(run.id, f"{new.template} run {run.id} key {new.key}", run.priority, run.starts_in)
+        Master(run.id, new.template, run.priority, run.starts_in, f"{new.template} run {run.id}")
         for run, new in created
         if run.state is RunState.PENDING and run.starts_in <= prepared.settings.stall_timeout
     ]
     if not due:
         return
     try:
-        send_masters(due)
+        send_masters(due, PER_MESSAGE)
     except BrokerUnavailable as exc:  # the runs are committed: nothing is lost
         log.warning(
             "%d runs submitted, their masters not sent (the reaper sends them within"

@@ -44,12 +44,13 @@ from celery.worker.control import control_command
 
 from dtask.worker import scope
 from dtask.worker.app import current
-from dtask.worker.task_table import CHILD, CHILDREN, MASTER
+from dtask.worker.task_table import CHILD, CHILDREN, MASTER, MASTERS
 
 log = logging.getLogger("dtask.drain")
 
 DRAIN_COMMAND = "dtask_drain"
-HANDED_OVER = frozenset({MASTER, CHILD, CHILDREN})  # the tasks that run children: they arm
+# the tasks that run children: they arm
+HANDED_OVER = frozenset({MASTER, MASTERS, CHILD, CHILDREN})
 DRAINING = threading.Event()  # this process got SIGTERM while it ran one of them
 # One byte the main process shares with every pool process it forks (an anonymous shared
 # mapping made at import, in the main process before its pool forks): 1 once it is stopping.

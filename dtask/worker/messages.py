@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
@@ -111,60 +109,6 @@ def send_master(
             f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
             " (is it running? set DTASK_BROKER_URL)"
         ) from None
-
-
-@dataclass(frozen=True)
-class Master:
-    """A master message to send: its run, what Flower shows of it, the run's priority and
-    the seconds before it may start."""
-
-    run_id: int
-    shown: str
-    priority: int
-    countdown: float = 0.0
-
-
-def send_masters(masters: Iterable[Master]) -> int:
-    """The masters of a bulk submit's runs through one producer, pipelined where the broker
-    allows (Redis): each the message ``send_master`` sends, without its per-call routing,
-    signals and task-sent event (as :func:`publish` sends children). BrokerUnavailable
-    when the broker cannot take them: the runs stay pending and the reaper sends their
-    masters once they are overdue."""
-    app = configure()
-    queue = app.amqp.queues[DEFAULT_QUEUE]
-    redis = is_redis(str(app.conf.broker_url))
-    # Celery's message for one master, made once: each master's differs in its id, its run
-    # and what Flower shows (a countdown's eta is made for its message)
-    template = app.amqp.create_task_message("", MASTER, (0,), None, ignore_result=True)
-    sent = 0
-    try:
-        with app.producer_or_acquire(None) as producer, pipelined(producer, PUBLISH_BATCH):
-            producer.maybe_declare(queue)
-            for master in masters:
-                task_id = str(uuid.uuid4())
-                if master.countdown:
-                    headers, properties, body, _ = app.amqp.create_task_message(
-                        task_id, MASTER, (master.run_id,), None, countdown=master.countdown,
-                        argsrepr=master.shown, ignore_result=True,
-                    )  # fmt: skip
-                else:
-                    headers = {**template.headers, "id": task_id, "root_id": task_id,
-                               "argsrepr": master.shown}  # fmt: skip
-                    properties = {**template.properties, "correlation_id": task_id}
-                    body = ((master.run_id,), {}, template.body[2])
-                level = broker_priority(master.priority, 1)
-                producer.publish(
-                    body, exchange="", routing_key=queue.name, serializer="json",
-                    delivery_mode=queue.exchange.delivery_mode, headers=headers, retry=False,
-                    **({"priority": level} if redis else {}), **properties,
-                )  # fmt: skip
-                sent += 1
-    except Exception as exc:
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
-            " (is it running? set DTASK_BROKER_URL)"
-        ) from None
-    return sent
 
 
 def send_finalize(run_id: int, through: Any = None) -> None:

@@ -21,7 +21,7 @@ from celery.signals import task_revoked
 from dtask import services
 from dtask.domain.runs import RunState
 from dtask.worker.finalize import finalize_run, forget_run
-from dtask.worker.task_table import CHILD, CHILDREN, MASTER
+from dtask.worker.task_table import CHILD, CHILDREN, MASTER, MASTERS
 
 log = logging.getLogger("dtask.worker")
 
@@ -59,12 +59,12 @@ def _on_revoked(
                 run_id, request.id, how, len(failed), len(indexes),
             )  # fmt: skip
             finalize_run(store, run_id, wait=False)
-        elif name == MASTER and args:
-            run_id = int(args[0])
-            log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)
+        elif (name == MASTER and args) or (name == MASTERS and len(args) >= 3):
             store = services.store()
-            if store.runs.cancel(run_id) is RunState.CANCELLED:
-                forget_run(store, run_id)
+            for run_id in [int(args[0])] if name == MASTER else [int(i) for i in args[2]]:
+                log.warning("run %s: its master was revoked through Celery: cancelling it", run_id)
+                if store.runs.cancel(run_id) is RunState.CANCELLED:
+                    forget_run(store, run_id)
     except Exception:  # a revoke must never break the worker's consumer
         log.exception("handling the revoke of %s %s failed", name, getattr(request, "id", "?"))
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from celery import Celery
 
 MASTER = "dtask.master"
+MASTERS = "dtask.masters"  # the masters of several runs of one template (a bulk submit)
 CHILD = "dtask.child"
 CHILDREN = "dtask.children"  # several short children of one run in one message
 FINALIZE = "dtask.finalize"
@@ -30,6 +31,7 @@ _EVERY = {"acks_late": True, "reject_on_worker_lost": True, "serializer": "json"
 _TASKS = "dtask.worker.tasks"
 ENTRIES: dict[str, Entry] = {
     MASTER: Entry(_TASKS, {"bind": True, "ignore_result": True, "max_retries": None}),
+    MASTERS: Entry(_TASKS, {"bind": True, "ignore_result": True, "max_retries": None}),
     SUBMIT: Entry(_TASKS, {"bind": True, "ignore_result": False}),
     CHAINS: Entry(_TASKS, {"ignore_result": True}),
     # ignore_result on the task, not only on its messages: Celery before 5.6.3 reads it from the

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ from dtask import services
 from dtask.db import Claim, Finished, RunRecord, Store
 from dtask.db.inline import Inline
 from dtask.db.workers import LiveSlots
+from dtask.domain.dispatch import BATCH_SECONDS
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
@@ -39,8 +41,9 @@ from dtask.worker.child_store import LifecycleStore, hand_over, owner_name
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_run, start_released
 from dtask.worker.lifecycle import note_time, noted, run_child, template_backoff
-from dtask.worker.messages import readable, send_chord
-from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, SUBMIT
+from dtask.worker.masters import PER_MESSAGE, Master, send_masters
+from dtask.worker.messages import readable, send_chord, send_master
+from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, MASTERS, SUBMIT
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
@@ -144,8 +147,63 @@ def master(self: Task, run_id: int) -> None:
     log.info("run %s is %s", run_id, state.value)
     if state.finished:  # its split failed: a chain waiting for it fails with its error
         chains.after_finish(services.store(), run_id)
+    _run_inline(inline)
+
+
+_child_seconds: dict[str, float] = {}  # template -> its children's time in this process
+
+
+def _run_inline(inline: list[InMaster]) -> None:
     for child in inline:
-        child.run()
+        took = child.run()
+        if took is not None:
+            before = _child_seconds.get(child.template)
+            _child_seconds[child.template] = took if before is None else 0.7 * before + 0.3 * took
+
+
+@dtask_task(MASTERS)
+def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> None:
+    """The masters of several runs of ``template`` (a bulk submit's), each as ``master`` runs
+    one, one after another while the message has run for less than BATCH_SECONDS; the rest
+    go back to the queue as a message of their own, for any process to take. Where this
+    process has not yet seen the template's children take less than that, it runs the first
+    run alone and sends the others back at once: a long child never holds the rest."""
+    drain.arm()
+    store = services.store()
+    ids = [int(i) for i in run_ids]
+    if len(ids) > 1 and _child_seconds.get(template, BATCH_SECONDS) >= BATCH_SECONDS:
+        _send_back(template, priority, ids[1:])
+        ids = ids[:1]
+    began = time.monotonic()
+    for position, run_id in enumerate(ids):
+        if position and (drain.draining() or time.monotonic() - began >= BATCH_SECONDS):
+            _send_back(template, priority, ids[position:])
+            return
+        inline: list[InMaster] = []
+        try:
+            state = run_master(store, run_id, inline=inline)
+        except TemplateElsewhere as exc:
+            if not self.request.retries:
+                log.warning("runs %s: %s; leaving them to another worker", ids[position:], exc)
+            raise self.retry(
+                args=(template, priority, ids[position:]),
+                countdown=template_backoff(self.request.retries),
+                max_retries=None,
+            ) from None
+        except NotDue as early:  # rerun meanwhile with a countdown: its own master, when due
+            send_master(run_id, countdown=early.seconds, priority=priority)
+            continue
+        log.info("run %s is %s", run_id, state.value)
+        if state.finished:
+            chains.after_finish(store, run_id)
+        _run_inline(inline)
+
+
+def _send_back(template: str, priority: int, run_ids: list[int]) -> None:
+    """Runs of a ``dtask.masters`` message not run here, back to the queue (BrokerUnavailable:
+    they stay pending, and the reaper sends their masters once overdue)."""
+    back = [Master(i, template, priority, shown=f"{template} run {i}") for i in run_ids]
+    send_masters(back, PER_MESSAGE)
 
 
 class InMaster(Delivery):
@@ -159,14 +217,15 @@ class InMaster(Delivery):
         super().__init__(run_id, index, template, claim.spec, claim)
         self.finished_run = False
 
-    def run(self) -> None:
+    def run(self) -> float | None:
+        """Its child run here: the seconds its function took, or None where it did not end."""
         drain.arm()
         try:
             if drain.draining():  # stopping: let another process take it
                 self.retry(0.0)
-            run_child(self)
+            return run_child(self)
         except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
-            return
+            return None
         finally:
             drain.finished()  # a process that got SIGTERM takes no further work
 

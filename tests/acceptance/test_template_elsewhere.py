@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dtask import services, submit
+from dtask import services, submit, submit_many
 from dtask.domain.runs import RunState
 from tests.conftest import WorkerProcess
 from tests.support.db import children, wait_for
@@ -48,6 +48,24 @@ def test_the_run_waits_for_a_worker_that_knows_its_template(
     try:
         knows.wait_ready()
         assert run.wait(timeout=60).state is RunState.SUCCEEDED
+    finally:
+        knows.stop()
+
+
+@pytest.mark.parametrize("without_the_template", [15], indirect=True)
+def test_a_bulk_submit_s_runs_wait_for_a_worker_that_knows_their_template(
+    without_the_template: WorkerProcess, dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Their masters share a dtask.masters message, which waits as one."""
+    found = submit_many("slow_range", [{"n": 20, "delay": 0.0}] * 5)
+    wait_for(lambda: "leaving them to another worker" in without_the_template.output(),
+             60, "the worker without the template to pass the masters on")  # fmt: skip
+    assert {state(s.run_id or 0) for s in found} == {RunState.PENDING}
+    knows = WorkerProcess(dtask_env, tmp_path / "knows.log", "-c", "1")
+    try:
+        knows.wait_ready()
+        wait_for(lambda: {state(s.run_id or 0) for s in found} == {RunState.SUCCEEDED},
+                 60, "the runs to succeed")  # fmt: skip
     finally:
         knows.stop()
 

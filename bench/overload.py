@@ -1,0 +1,318 @@
+"""No collapse under overload: submits arrive at ``--factor`` times what the workers finish,
+for ``--seconds``, with the backlog capped (DTASK_MAX_BACKLOG) at ``--backlog`` seconds of
+that capacity. Measures completions per 5 s window against the capacity, the backlog over
+time, how long it takes to drain, and every submit's latency and outcome (created or busy).
+
+    python -m bench.overload [--seconds 60] [--factor 2] [--submitters 4] [--backlog 10]
+
+The capacity is measured first on the same workers: 2,000 one-child runs (``bench_one``, a
+1-ms child) submitted at once by ``submit_many``, completions per second between the 10th and
+the 90th percentile of their finish times. Each submitter is open-loop: its submit i is due at
+start + i / rate, and a late one goes at once (its latency is the call's own). Writes
+bench/out/overload.json and docs/benchmarks/overload.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.cluster import REPO, Workers, prepare_environment
+
+OUT = REPO / "bench" / "out"
+WINDOW = 5.0  # seconds per goodput window
+UNFINISHED = "state IN ('waiting', 'pending', 'splitting', 'running')"
+
+
+def submitter(rate: float, seconds: float) -> None:
+    """In a submitter process: warm up, say "ready", read the common start (epoch seconds)
+    on stdin, submit ``rate`` runs a second until ``seconds`` after it; print one JSON line."""
+    import dtask
+    from dtask.exceptions import Busy, DtaskError
+
+    dtask.submit("bench_one", {}).wait(timeout=60)
+    print("ready", flush=True)
+    start = float(sys.stdin.readline())
+    events: list[tuple[float, float, str]] = []
+    i = 0
+    while (due := start + i / rate) < start + seconds:
+        if due > time.time():
+            time.sleep(due - time.time())
+        sent, began = time.time(), time.perf_counter()
+        try:
+            dtask.submit("bench_one", {})
+            outcome = "created"
+        except Busy:
+            outcome = "busy"
+        except DtaskError as exc:
+            outcome = type(exc).__name__
+        events.append((sent - start, time.perf_counter() - began, outcome))
+        i += 1
+    print(json.dumps(events), flush=True)
+
+
+def _unfinished(engine: Any, base: int) -> int:
+    from sqlalchemy import text
+
+    query = text(f"SELECT count(*) FROM dtask_runs WHERE id > :base AND {UNFINISHED}")
+    with engine.connect() as conn:
+        return int(conn.execute(query, {"base": base}).scalar_one())
+
+
+def _last_id(engine: Any) -> int:
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT coalesce(max(id), 0) FROM dtask_runs")).scalar_one())
+
+
+def _finished_at(engine: Any, base: int) -> list[float]:
+    from sqlalchemy import text
+
+    query = text(
+        "SELECT extract(epoch FROM finished_at) FROM dtask_runs"
+        " WHERE id > :base AND state = 'succeeded' ORDER BY finished_at"
+    )
+    with engine.connect() as conn:
+        return [float(t) for (t,) in conn.execute(query, {"base": base})]
+
+
+def _drain(engine: Any, base: int, bound: float) -> float:
+    """Seconds until no run after ``base`` is unfinished (TimeoutError past ``bound``)."""
+    began = time.monotonic()
+    while _unfinished(engine, base):
+        if time.monotonic() - began > bound:
+            raise TimeoutError(f"runs still unfinished {bound:g} s on")
+        time.sleep(0.2)
+    return time.monotonic() - began
+
+
+def capacity(engine: Any, runs: int = 2000) -> float:
+    """Completions per second of the workers on a queue that never runs dry."""
+    import dtask
+
+    base = _last_id(engine)
+    dtask.submit_many("bench_one", [{}] * runs)
+    _drain(engine, base, 600)
+    done = _finished_at(engine, base)
+    lo, hi = done[len(done) // 10], done[9 * len(done) // 10]
+    return (9 * len(done) // 10 - len(done) // 10) / (hi - lo)
+
+
+def _submitters(count: int, rate: float, seconds: float, cap: int) -> list[Any]:
+    env = {**os.environ, "DTASK_MAX_BACKLOG": str(cap)}
+    argv = [sys.executable, "-m", "bench.overload", "--submitter", str(rate / count)]
+    procs = [
+        subprocess.Popen(
+            [*argv, "--seconds", str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for _ in range(count)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        if not any(line.strip() == "ready" for line in proc.stdout):
+            raise RuntimeError("a submitter did not start")
+    return procs
+
+
+def overload(
+    seconds: float, factor: float, submitters: int, backlog_seconds: float, concurrency: int
+) -> dict[str, Any]:
+    work = prepare_environment()
+    from dtask import services
+    from dtask.services import embedded
+
+    services.ensure_broker()
+    engine = services.store().engine
+    workers = Workers(work)
+    try:
+        workers.ready(workers.dtask(concurrency))
+        found = capacity(engine)
+        rate, cap = factor * found, int(backlog_seconds * found)
+        print(f"capacity {found:.0f} runs/s; submitting {rate:.0f}/s for {seconds:g} s,"
+              f" DTASK_MAX_BACKLOG {cap}", flush=True)  # fmt: skip
+        procs = _submitters(submitters, rate, seconds, cap)  # each waited for its warm-up
+        base = _last_id(engine)
+        start = time.time() + 0.5
+        backlog: list[tuple[float, int]] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                backlog.append((time.time() - start, _unfinished(engine, base)))
+                stop.wait(0.5)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{start}\n")
+            proc.stdin.flush()
+        events = [e for p in procs for e in json.loads(p.communicate(timeout=seconds + 600)[0])]
+        drained = _drain(engine, base, 900)
+        stop.set()
+        watcher.join()
+        finished = [t - start for t in _finished_at(engine, base)]
+    finally:
+        workers.stop_all()
+        services.reset()
+        embedded.stop(work / "home")
+    return _summary(found, rate, cap, seconds, events, finished, backlog, drained)
+
+
+def _summary(
+    found: float,
+    rate: float,
+    cap: int,
+    seconds: float,
+    events: list[list[Any]],
+    finished: list[float],
+    backlog: list[tuple[float, int]],
+    drained: float,
+) -> dict[str, Any]:
+    windows = int(seconds // WINDOW)
+    per_window = [0] * windows
+    for t in finished:
+        if 0 <= t < windows * WINDOW:
+            per_window[int(t // WINDOW)] += 1
+    goodput = [n / WINDOW / found for n in per_window]
+    created = sorted(e[1] for e in events if e[2] == "created")
+    busy = sorted(e[1] for e in events if e[2] == "busy")
+
+    def pct(values: list[float], q: float) -> float:
+        return 1000 * values[int(q * (len(values) - 1))] if values else float("nan")
+
+    after = [t for t in finished if t >= seconds]
+    return {
+        "capacity_per_s": found,
+        "offered_per_s": rate,
+        "max_backlog": cap,
+        "seconds": seconds,
+        "submits": len(events),
+        "created": len(created),
+        "busy": len(busy),
+        "other": len(events) - len(created) - len(busy),
+        "submit_ms": {
+            "p50": pct(created, 0.5),
+            "p99": pct(created, 0.99),
+            "max": pct(created, 1.0),
+        },
+        "busy_ms": {"p50": pct(busy, 0.5), "p99": pct(busy, 0.99)},
+        "goodput_by_window": [round(g, 3) for g in goodput],
+        "goodput_min": min(goodput),
+        "goodput_mean": statistics.fmean(goodput),
+        "drain_seconds": drained,
+        "drain_per_s": len(after) / (max(after) - seconds) if len(after) > 1 else None,
+        "completed_each_second": _per_second(finished),
+        "submitted_each_second": _per_second([e[0] for e in events if e[2] == "created"]),
+        "refused_each_second": _per_second([e[0] for e in events if e[2] == "busy"]),
+        "backlog": backlog,
+    }
+
+
+def _per_second(times: list[float]) -> list[int]:
+    counts = [0] * (int(max(times, default=0)) + 1)
+    for t in times:
+        if t >= 0:
+            counts[int(t)] += 1
+    return counts
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, rates = plt.subplots(figsize=(8, 3.6))
+    rates.plot(result["submitted_each_second"], label="runs created per second")
+    rates.plot(result["refused_each_second"], label="submits refused (busy) per second")
+    rates.plot(result["completed_each_second"], label="runs finished per second")
+    rates.axhline(result["capacity_per_s"], color="grey", linestyle="--", label="capacity")
+    rates.axvline(result["seconds"], color="black", linestyle=":", label="submits stop")
+    rates.set_xlabel("seconds")
+    rates.set_ylabel("per second")
+    backlog = rates.twinx()
+    backlog.plot(*zip(*result["backlog"], strict=True), color="red", alpha=0.5, label="backlog")
+    backlog.axhline(result["max_backlog"], color="red", linestyle=":", alpha=0.5)
+    backlog.set_ylabel("unfinished runs", color="red")
+    rates.legend(fontsize=7, loc="upper right")
+    rates.set_title(
+        f"{result['offered_per_s']:.0f} submits/s offered against {result['capacity_per_s']:.0f}"
+        f" runs/s of capacity, DTASK_MAX_BACKLOG {result['max_backlog']}"
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+
+
+def markdown(r: dict[str, Any], submitters: int) -> str:
+    drain = r["drain_per_s"]
+    return "\n".join(
+        [
+            f"`python -m bench.overload --seconds {r['seconds']:g}`: {submitters} processes"
+            f" offer {r['offered_per_s']:.0f} one-child runs a second (`dtask.submit`, open"
+            f" loop) for {r['seconds']:g} s to workers that finish {r['capacity_per_s']:.0f} a"
+            f" second (measured first on a full queue), with `DTASK_MAX_BACKLOG`"
+            f" {r['max_backlog']:,} ({r['max_backlog'] / r['capacity_per_s']:.0f} s of work).",
+            "",
+            "| | |",
+            "|:-|-:|",
+            f"| submits | {r['submits']:,}: {r['created']:,} created, {r['busy']:,} busy,"
+            f" {r['other']} other |",
+            f"| submit latency, created (p50 / p99 / max) | {r['submit_ms']['p50']:.0f} /"
+            f" {r['submit_ms']['p99']:.0f} / {r['submit_ms']['max']:.0f} ms |",
+            f"| submit latency, busy (p50 / p99) | {r['busy_ms']['p50']:.0f} /"
+            f" {r['busy_ms']['p99']:.0f} ms |",
+            f"| goodput per 5 s window, of capacity (lowest / mean) | {r['goodput_min']:.0%} /"
+            f" {r['goodput_mean']:.0%} |",
+            f"| backlog drained after the submits stopped | {r['drain_seconds']:.1f} s"
+            + (f", {drain:.0f} runs/s |" if drain else " |"),
+            "",
+            "Goodput per window: " + ", ".join(f"{g:.0%}" for g in r["goodput_by_window"]) + ".",
+            "",
+            "![overload](benchmarks/overload.png)",
+        ]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--factor", type=float, default=2.0, help="offered load / capacity")
+    parser.add_argument("--submitters", type=int, default=4)
+    parser.add_argument("--backlog", type=float, default=10.0, help="cap, in seconds of work")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.submitter is not None:
+        submitter(args.submitter, args.seconds)
+        return 0
+    began = time.monotonic()
+    result = overload(args.seconds, args.factor, args.submitters, args.backlog, args.concurrency)
+    result["wall"] = time.monotonic() - began
+    result["markdown"] = markdown(result, args.submitters)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "overload.json").write_text(json.dumps(result))
+    from bench.report import PLOTS
+
+    plot(result, PLOTS / "overload.png")
+    print(result["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
