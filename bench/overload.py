@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,9 +42,10 @@ def submitter(rate: float, seconds: float) -> None:
     dtask.submit("bench_one", {}).wait(timeout=60)
     print("ready", flush=True)
     start = float(sys.stdin.readline())
+    cpu, end = _cpu(), start + seconds
     events: list[tuple[float, float, str]] = []
     i = 0
-    while (due := start + i / rate) < start + seconds:
+    while (due := start + i / rate) < end and time.time() < end:
         if due > time.time():
             time.sleep(due - time.time())
         sent, began = time.time(), time.perf_counter()
@@ -56,7 +58,12 @@ def submitter(rate: float, seconds: float) -> None:
             outcome = type(exc).__name__
         events.append((sent - start, time.perf_counter() - began, outcome))
         i += 1
-    print(json.dumps(events), flush=True)
+    print(json.dumps({"events": events, "cpu": _cpu() - cpu}), flush=True)
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _unfinished(engine: Any, base: int) -> int:
@@ -95,20 +102,8 @@ def _drain(engine: Any, base: int, bound: float) -> float:
     return time.monotonic() - began
 
 
-def capacity(engine: Any, runs: int = 2000) -> float:
-    """Completions per second of the workers on a queue that never runs dry."""
-    import dtask
-
-    base = _last_id(engine)
-    dtask.submit_many("bench_one", [{}] * runs)
-    _drain(engine, base, 600)
-    done = _finished_at(engine, base)
-    lo, hi = done[len(done) // 10], done[9 * len(done) // 10]
-    return (9 * len(done) // 10 - len(done) // 10) / (hi - lo)
-
-
-def _submitters(count: int, rate: float, seconds: float, cap: int) -> list[Any]:
-    env = {**os.environ, "DTASK_MAX_BACKLOG": str(cap)}
+def _submitters(count: int, rate: float, seconds: float, cap: int | None) -> list[Any]:
+    env = {**os.environ, **({"DTASK_MAX_BACKLOG": str(cap)} if cap else {})}
     argv = [sys.executable, "-m", "bench.overload", "--submitter", str(rate / count)]
     procs = [
         subprocess.Popen(
@@ -128,6 +123,32 @@ def _submitters(count: int, rate: float, seconds: float, cap: int) -> list[Any]:
     return procs
 
 
+def _release(procs: list[Any], start: float, bound: float) -> tuple[list[list[Any]], float]:
+    """Start the submitters together at ``start``: their events, and the CPU they used."""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{start}\n")
+        proc.stdin.flush()
+    reports = [json.loads(p.communicate(timeout=bound)[0].splitlines()[-1]) for p in procs]
+    return [e for r in reports for e in r["events"]], sum(r["cpu"] for r in reports)
+
+
+def capacity(engine: Any, submitters: int, seconds: float = 8.0) -> float:
+    """Completions per second of the workers draining a queue of runs submitted one by one
+    (as the load is), after the submitters stopped: the workers alone on the machine."""
+    procs = _submitters(submitters, 1e9, seconds, None)  # as fast as each can
+    base = _last_id(engine)
+    start = time.time() + 0.5
+    _release(procs, start, seconds + 600)
+    ended = time.time()
+    _drain(engine, base, 600)
+    done = [t for t in _finished_at(engine, base) if t > ended]
+    if len(done) < 100:
+        raise RuntimeError(f"only {len(done)} runs left to drain: raise the seconds")
+    lo, hi = len(done) // 10, 9 * len(done) // 10
+    return (hi - lo) / (done[hi] - done[lo])
+
+
 def overload(
     seconds: float, factor: float, submitters: int, backlog_seconds: float, concurrency: int
 ) -> dict[str, Any]:
@@ -140,7 +161,7 @@ def overload(
     workers = Workers(work)
     try:
         workers.ready(workers.dtask(concurrency))
-        found = capacity(engine)
+        found = capacity(engine, submitters)
         rate, cap = factor * found, int(backlog_seconds * found)
         print(f"capacity {found:.0f} runs/s; submitting {rate:.0f}/s for {seconds:g} s,"
               f" DTASK_MAX_BACKLOG {cap}", flush=True)  # fmt: skip
@@ -157,11 +178,7 @@ def overload(
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(f"{start}\n")
-            proc.stdin.flush()
-        events = [e for p in procs for e in json.loads(p.communicate(timeout=seconds + 600)[0])]
+        events, cpu = _release(procs, start, seconds + 600)
         drained = _drain(engine, base, 900)
         stop.set()
         watcher.join()
@@ -170,7 +187,9 @@ def overload(
         workers.stop_all()
         services.reset()
         embedded.stop(work / "home")
-    return _summary(found, rate, cap, seconds, events, finished, backlog, drained)
+    out = _summary(found, rate, cap, seconds, events, finished, backlog, drained)
+    out["submitters_cpu_share"] = cpu / seconds / (os.cpu_count() or 1)
+    return out
 
 
 def _summary(
@@ -266,7 +285,8 @@ def markdown(r: dict[str, Any], submitters: int) -> str:
             f"`python -m bench.overload --seconds {r['seconds']:g}`: {submitters} processes"
             f" offer {r['offered_per_s']:.0f} one-child runs a second (`dtask.submit`, open"
             f" loop) for {r['seconds']:g} s to workers that finish {r['capacity_per_s']:.0f} a"
-            f" second (measured first on a full queue), with `DTASK_MAX_BACKLOG`"
+            " second (measured first: how fast they drain runs submitted one by one, with no"
+            " submitter running), with `DTASK_MAX_BACKLOG`"
             f" {r['max_backlog']:,} ({r['max_backlog'] / r['capacity_per_s']:.0f} s of work).",
             "",
             "| | |",
@@ -279,6 +299,8 @@ def markdown(r: dict[str, Any], submitters: int) -> str:
             f" {r['busy_ms']['p99']:.0f} ms |",
             f"| goodput per 5 s window, of capacity (lowest / mean) | {r['goodput_min']:.0%} /"
             f" {r['goodput_mean']:.0%} |",
+            f"| submitters' CPU, share of the machine's {os.cpu_count()} cores |"
+            f" {r['submitters_cpu_share']:.0%} |",
             f"| backlog drained after the submits stopped | {r['drain_seconds']:.1f} s"
             + (f", {drain:.0f} runs/s |" if drain else " |"),
             "",
