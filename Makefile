@@ -91,8 +91,9 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,api,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: 11-16 minutes (the peers take most of it). bench.peers: dtask,
-# stock Celery, Dramatiq and Procrastinate side by side (10,000 and 100,000 children); 3,000 small runs; latency while a
+# Not part of `make test`: about 18 minutes (the peers take most of it). bench.peers: dtask,
+# stock Celery, Celery chunks(100), Dramatiq and Procrastinate side by side (10,000 and 100,000
+# children); 3,000 small runs; a minute of submits at twice the capacity (bench.overload); latency while a
 # 100,000-child run is busy; a straggler with and without stealing (docs/elastic.md); then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)

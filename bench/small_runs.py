@@ -375,7 +375,26 @@ def save(result: dict[str, Any], seconds: float) -> None:
     ]
     if "masters_resent" in d:
         lines[-1] += f" Masters the reaper re-sent: {d['masters_resent']:,}."
-    out = {"seconds": seconds, "ratio": result["ratio"], "markdown": "\n".join(lines)}
+    lines += [
+        "",
+        "CPU per run (per task), milliseconds, by process (the harness's polling left out):",
+        "",
+        "| system | all | submitters | worker main | pool | PostgreSQL | Redis |",
+        "|:-|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, side, worker in (("`submit`", d, "dtask"), ("`submit_many`", b, "dtask"),
+                               ("stock Celery", c, "raw")):  # fmt: skip
+        cpu, n = side["cpu"], result["runs"]
+        roles = (f"{worker} main", f"{worker} pool", "postgres", "redis")
+        parts = [side["submitter_cpu_s"], *(cpu.get(role, 0.0) for role in roles)]
+        cells = " | ".join(f"{1000 * v / n:.2f}" for v in [sum(parts), *parts])
+        lines.append(f"| {name} | {cells} |")
+    out = {
+        "seconds": seconds,
+        "ratio": result["ratio"],
+        "bulk_ratio": result["bulk_ratio"],
+        "markdown": "\n".join(lines),
+    }
     path = REPO / "bench" / "out" / "small_runs.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out))
