@@ -6,13 +6,15 @@ frozen (SIGSTOP, a hung VM: it accepts connections and never answers) then cost 
 connection a network timeout, and the dispatcher's and reaper's passes, which hold a turn
 while they send, ran past their turns and stopped (docs/deployment.md). Here each new
 ``Sentinel`` starts with the one that last answered in this process (a forked child inherits
-it), so a frozen sentinel costs a process one timeout, not one per connection.
+it), so a frozen sentinel costs a process one timeout, not one per connection. And a channel
+closed after its primary died no longer ends the worker (``Channel._connparams``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery.backends.redis import SentinelBackend
 from kombu.transport.redis import SentinelChannel, SentinelTransport
 
@@ -44,6 +46,16 @@ def remembering(manager: Any) -> Any:
 
 
 class Channel(SentinelChannel):
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            # kombu 5.7 closing a channel after its connection is gone (the primary died with
+            # a message unacked): it asks for a new pool to restore that message, and read the
+            # missing connection's host, an AttributeError that killed the worker. As a
+            # connection error the consumer ignores it and reconnects; the message stays in
+            # the unacked set, restored by its visibility timeout (PostgreSQL has the child).
+            raise redis.exceptions.ConnectionError("the broker connection is closed")
+        return super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
+
     def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
         pool = super()._sentinel_managed_pool(asynchronous)  # type: ignore[no-untyped-call]
         remembering(pool.sentinel_manager)

@@ -24,7 +24,7 @@ from dtask import services
 from dtask.db import Claim, Finished, RunRecord, Store
 from dtask.db.inline import Inline
 from dtask.db.workers import LiveSlots
-from dtask.domain.dispatch import BATCH_SECONDS
+from dtask.domain.dispatch import BATCH_SECONDS, batch_size
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
@@ -161,22 +161,31 @@ def _run_inline(inline: list[InMaster]) -> None:
             _child_seconds[child.template] = took if before is None else 0.7 * before + 0.3 * took
 
 
+# A dtask.masters message's wall time, at most: where each run's own bookkeeping is slow (a
+# busy database), the rest go back sooner than their children's time alone would say.
+MESSAGE_SECONDS = 10 * BATCH_SECONDS
+
+
 @dtask_task(MASTERS)
 def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> None:
     """The masters of several runs of ``template`` (a bulk submit's), each as ``master`` runs
-    one, one after another while the message has run for less than BATCH_SECONDS; the rest
-    go back to the queue as a message of their own, for any process to take. Where this
-    process has not yet seen the template's children take less than that, it runs the first
-    run alone and sends the others back at once: a long child never holds the rest."""
+    one, one after another: as many as the template's children fill BATCH_SECONDS by the time
+    this process has seen them take (their function's, as a message of children is sized),
+    within MESSAGE_SECONDS; the rest go back to the queue as a message of their own, for any
+    process to take. Where this process has not yet seen the template's children take less
+    than BATCH_SECONDS, it runs the first run alone and sends the others back at once: a long
+    child never holds the rest."""
     drain.arm()
     store = services.store()
     ids = [int(i) for i in run_ids]
-    if len(ids) > 1 and _child_seconds.get(template, BATCH_SECONDS) >= BATCH_SECONDS:
-        _send_back(template, priority, ids[1:])
-        ids = ids[:1]
+    seen = _child_seconds.get(template)
+    here = 1 if seen is None else batch_size(seen)
+    if len(ids) > here:
+        _send_back(template, priority, ids[here:])
+        ids = ids[:here]
     began = time.monotonic()
     for position, run_id in enumerate(ids):
-        if position and (drain.draining() or time.monotonic() - began >= BATCH_SECONDS):
+        if position and (drain.draining() or time.monotonic() - began >= MESSAGE_SECONDS):
             _send_back(template, priority, ids[position:])
             return
         inline: list[InMaster] = []
