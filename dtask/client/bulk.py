@@ -91,10 +91,13 @@ def _submit_chunk(prepared: Prepared, chunk: list[Item], offset: int) -> list[Su
         (len(runs), None) if prepared.eager or not runs
         else backlog.admit(runs[0], prepared.settings, len(runs))
     )  # fmt: skip
-    if busy is not None:  # past the backlog cap: busy, nothing written
-        for i in at[fits:]:
-            outcomes[i] = Submitted(
-                offset + i, Outcome.BUSY, error=str(busy), retry_after=busy.retry_after
+    if busy is not None:  # past the backlog cap: busy, nothing written; known keys answer
+        over = services.store().runs.known_runs(runs[fits:])
+        for i, found in zip(at[fits:], over, strict=True):
+            outcomes[i] = (
+                Submitted(offset + i, Outcome.BUSY, error=str(busy), retry_after=busy.retry_after)
+                if found is None
+                else _outcome(offset + i, found)
             )
         runs, at = runs[:fits], at[:fits]
     results = services.store().runs.create_runs(runs) if runs else []

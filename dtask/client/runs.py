@@ -30,6 +30,8 @@ from dtask.domain.runs import NewRun, RunHandle, RunState, RunStatus
 from dtask.domain.templates import RunOptions, Template, check_execution_cap, registry
 from dtask.exceptions import (
     BrokerUnavailable,
+    Busy,
+    DtaskError,
     InvalidVariables,
     NotCancellable,
     NothingToRerun,
@@ -221,7 +223,15 @@ def submit(
         if run.created:
             run_eagerly(run.id)
         return Run(run.id, created=run.created)
-    backlog.check(new_run, config)
+    try:
+        backlog.check(new_run, config)
+    except Busy:  # a key already triggered still answers with its run, as below the cap
+        found = store.runs.known_runs([new_run])[0] if key is not None else None
+        if found is None:
+            raise
+        if isinstance(found, DtaskError):
+            raise found from None
+        return Run(found.id, created=False)
     if using is not None or connection is not None:
         with written_on(using, connection) as written:
             run = create(on=written.conn)

@@ -40,6 +40,21 @@ class BulkInserts(RunInserts):
             counters.add(conn, counters.RATE_LIMITED, refused, label=runs[0].client)
         return results
 
+    def known_runs(self, runs: Sequence[NewRun]) -> list[Result | None]:
+        """For each run, its client's run of its key as a submit of it would get it (Created,
+        or KeyConflict where it asks for another template, variables or upstreams), or None
+        where the key is new: what a submit refused for the backlog still answers."""
+        if not runs:
+            return []
+        with self.db.tx() as conn:
+            existing = _by_keys(conn, runs[0].client, {r.key for r in runs})
+            after = _upstreams(conn, [int(row.id) for row in existing.values()])
+        return [
+            None if (row := existing.get(run.key)) is None
+            else _known(row, after.get(int(row.id), []), run)
+            for run in runs
+        ]  # fmt: skip
+
 
 def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
     """For each run in input order: its run (created, or the one its client's key had

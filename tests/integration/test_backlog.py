@@ -97,6 +97,28 @@ def test_a_bulk_past_the_cap_creates_what_fits_and_says_busy(capped: None) -> No
     assert count(q) == 3
 
 
+def test_a_known_key_at_the_cap_answers_with_its_run(capped: None) -> None:
+    """A retried submit (its key already triggered) gets its run, not busy: exactly once per
+    key holds whatever the backlog; a key that asks for other variables is still refused."""
+    q, client = queue(), new_client()
+    first = dtask.submit("tagged", {"n": 1, "delay": 0}, key="k1", queue=q, client=client)
+    submit(q, client)
+    submit(q, client)
+    again = dtask.submit("tagged", {"n": 1, "delay": 0}, key="k1", queue=q, client=client)
+    assert (again.id, again.created) == (first.id, False)
+    with pytest.raises(dtask.KeyConflict):
+        dtask.submit("tagged", {"n": 2, "delay": 0}, key="k1", queue=q, client=client)
+    with pytest.raises(dtask.Busy):
+        dtask.submit("tagged", {"n": 1, "delay": 0}, key="k2", queue=q, client=client)
+    found = dtask.submit_many(
+        "tagged", [{"n": 1, "delay": 0}] * 2, keys=["k1", "k3"], queue=q, client=client
+    )
+    assert [(s.outcome.value, s.run_id) for s in found] == [
+        ("known_key", first.id), ("busy", None),
+    ]  # fmt: skip
+    assert count(q) == 3
+
+
 def test_the_cli_says_busy_and_exits_4(capped: None) -> None:
     client = new_client()
     submit(queue(), client)
