@@ -47,13 +47,11 @@ class BulkInserts(RunInserts):
         if not runs:
             return []
         with self.db.tx() as conn:
-            existing = _by_keys(conn, runs[0].client, {r.key for r in runs})
-            after = _upstreams(conn, [int(row.id) for row in existing.values()])
+            existing = _known_keys(conn, runs[0].client, {r.key for r in runs})
         return [
-            None if (row := existing.get(run.key)) is None
-            else _known(row, after.get(int(row.id), []), run)
+            None if (found := existing.get(run.key)) is None else _known(*found, run)
             for run in runs
-        ]  # fmt: skip
+        ]
 
 
 def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
@@ -64,15 +62,14 @@ def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
     first = runs[0]
     client, _ = lock_client(conn, first.client)
     charged = first.charged_to(client)
-    existing = _by_keys(conn, first.client, {r.key for r in runs})
-    known_after = _upstreams(conn, [int(row.id) for row in existing.values()])
+    existing = _known_keys(conn, first.client, {r.key for r in runs})
     results: list[Result | None] = [None] * len(runs)
     first_of: dict[str, int] = {}
     new: list[int] = []
     for i, run in enumerate(runs):
-        row = existing.get(run.key)
-        if row is not None:
-            results[i] = _known(row, known_after.get(int(row.id), []), run)
+        found = existing.get(run.key)
+        if found is not None:
+            results[i] = _known(*found, run)
         elif run.key not in first_of:
             first_of[run.key] = i
             new.append(i)
@@ -84,15 +81,11 @@ def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
             results[i] = refused
     if admitted:
         created = _insert(conn, charged, [runs[i] for i in admitted])
-        raced = _by_keys(conn, first.client, {runs[i].key for i in admitted} - set(created))
-        raced_after = _upstreams(conn, [int(row.id) for row in raced.values()])
+        raced = _known_keys(conn, first.client, {runs[i].key for i in admitted} - set(created))
         for i in admitted:
             key = runs[i].key
-            if key in created:
-                results[i] = created[key]
-            else:  # another submit of the key committed first
-                row = raced[key]
-                results[i] = _known(row, raced_after.get(int(row.id), []), runs[i])
+            # not created: another submit of the key committed first
+            results[i] = created[key] if key in created else _known(*raced[key], runs[i])
     for i, run in enumerate(runs):
         if results[i] is None:  # its key again: as the key's first item
             results[i] = _again(results[first_of[run.key]], runs[first_of[run.key]], run)
@@ -171,5 +164,8 @@ def _by_keys(conn: Connection, client: str, keys: set[str]) -> dict[str, Any]:
     return {str(r.trigger_key): r for r in rows}
 
 
-def _upstreams(conn: Connection, run_ids: list[int]) -> dict[int, list[int]]:
-    return deps.upstreams_of_many(conn, run_ids) if run_ids else {}
+def _known_keys(conn: Connection, client: str, keys: set[str]) -> dict[str, tuple[Any, list[int]]]:
+    """The client's runs of ``keys``, each with its upstreams: key -> (row, upstream ids)."""
+    rows = _by_keys(conn, client, keys)
+    after = deps.upstreams_of_many(conn, [int(r.id) for r in rows.values()]) if rows else {}
+    return {key: (row, after.get(int(row.id), [])) for key, row in rows.items()}

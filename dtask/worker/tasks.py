@@ -144,9 +144,14 @@ def master(self: Task, run_id: int) -> None:
         ) from None
     except NotDue as early:  # a duplicate or early message: wake again when it is due
         raise self.retry(countdown=early.seconds, max_retries=None) from None
+    _split(services.store(), run_id, state, inline)
+
+
+def _split(store: Store, run_id: int, state: RunState, inline: list[InMaster]) -> None:
+    """A master's run after its split: a failed split's chains told, its child run here."""
     log.info("run %s is %s", run_id, state.value)
     if state.finished:  # its split failed: a chain waiting for it fails with its error
-        chains.after_finish(services.store(), run_id)
+        chains.after_finish(store, run_id)
     _run_inline(inline)
 
 
@@ -202,10 +207,7 @@ def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> Non
         except NotDue as early:  # rerun meanwhile with a countdown: its own master, when due
             send_master(run_id, countdown=early.seconds, priority=priority)
             continue
-        log.info("run %s is %s", run_id, state.value)
-        if state.finished:
-            chains.after_finish(store, run_id)
-        _run_inline(inline)
+        _split(store, run_id, state, inline)
 
 
 def _send_back(template: str, priority: int, run_ids: list[int]) -> None:
