@@ -92,13 +92,13 @@ def settle(conn: Connection, run_id: int, state: RunState) -> list[int]:
     """``run_id`` has just become ``state`` in this transaction: its waiting dependents
     released (returned: their masters are to be sent after the commit) or failed."""
     if state is RunState.SUCCEEDED:
-        return release(conn, _waiting_dependents(conn, [run_id]))
+        return release(conn, waiting_dependents(conn, [run_id]))
     if state in (RunState.FAILED, RunState.CANCELLED):
         fail_downstream(conn, run_id, state)
     return []
 
 
-def _waiting_dependents(conn: Connection, upstreams: Sequence[int]) -> list[int]:
+def waiting_dependents(conn: Connection, upstreams: Sequence[int]) -> list[int]:
     """Locked, in id order (two upstreams' transactions never wait on each other in a cycle)."""
     return [
         int(r.id)

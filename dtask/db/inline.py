@@ -5,17 +5,20 @@ What that saves over a child message is docs/benchmarks.md's "many small runs"."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Connection
 
 from dtask.db import deps
-from dtask.db.children import FINISH, Claim, Finished, json_or_none, lease_lost
-from dtask.db.database import sql
+from dtask.db.children import BATCH_FINISH, FINISH, Claim, Finished, json_or_none, lease_lost
+from dtask.db.database import RUN_LOCKS, Database, sql
+from dtask.db.workers import LiveSlots, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
-from dtask.exceptions import LeaseLost
+from dtask.exceptions import DtaskError, LeaseLost
 
 NEXT_GROUP = "dispatches = dispatches + 1, group_id = 'dtask-' || id || '-' || (dispatches + 1)"
 """A run's next chord: its group id names the run and the dispatch (the callback's key)."""
@@ -38,6 +41,16 @@ class Inline:
     template: str = ""
 
 
+_AT_ONCE = (
+    "coalesce(r.queue, :q) = :q AND NOT EXISTS (SELECT FROM dtask_clients c"
+    "   WHERE c.name = r.client AND c.max_running IS NOT NULL)"
+    " AND NOT EXISTS (SELECT FROM dtask_runs o"
+    "   WHERE o.unsent > 0 AND o.state = 'running' AND coalesce(o.queue, :q) = :q"
+    "   AND o.priority > r.priority)"
+)
+"""A run ``r`` whose one child the dispatcher would send at once (``take``'s conditions)."""
+
+
 def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, offer: Inline) -> bool:
     """pending -> running for a run of one child that would leave at once, its child inserted
     as taken by ``offer.owner`` (its fence moved, its attempt counted when it starts, as
@@ -49,13 +62,7 @@ def take(conn: Connection, run_id: int, max_attempts: int, spec: Any, offer: Inl
     run = conn.execute(
         sql(
             f"UPDATE dtask_runs r SET {SPLIT}"
-            " WHERE id = :id AND state = 'pending' AND coalesce(queue, :q) = :q"
-            " AND NOT EXISTS (SELECT FROM dtask_clients c"
-            "   WHERE c.name = r.client AND c.max_running IS NOT NULL)"
-            " AND NOT EXISTS (SELECT FROM dtask_runs o"
-            "   WHERE o.unsent > 0 AND o.state = 'running' AND coalesce(o.queue, :q) = :q"
-            "   AND o.priority > r.priority)"
-            " RETURNING execution_cap"
+            f" WHERE id = :id AND state = 'pending' AND {_AT_ONCE} RETURNING execution_cap"
         ),
         {
             "id": run_id,
@@ -137,3 +144,145 @@ def finish(
     if run.chained and chained is not None:
         chained.append(run_id)
     return deps.settle(conn, run_id, RunState.SUCCEEDED)
+
+
+# A plan for one run: (its variables, its live slots) -> its children's specs
+Plan = Callable[[dict[str, Any], LiveSlots], Sequence[str | Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What ``InlineStore.finish_many`` wrote: the runs that succeeded with their child, those
+    Celery chains wait for, and the dependents released (their masters are the caller's)."""
+
+    succeeded: list[int]
+    chained: list[int]
+    released: list[int]
+
+
+class InlineStore:
+    """Several one-child runs of one template (a ``dtask.masters`` message's) taken and
+    finished together: what ``take`` and ``finish`` do for one, in two statements for all at
+    the split, and three at the finish."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def split_many(
+        self, run_ids: list[int], template: str, plan: Plan, owner: str, lease_ttl: float
+    ) -> tuple[list[tuple[int, Claim]], list[int]]:
+        """pending -> running for those of ``run_ids`` (runs of ``template``) whose plan is one
+        child, as ``take`` would move each, their children taken by ``owner``: (run id, claim)
+        of each taken, in id order, and the runs left (their lock held by a master, not
+        pending yet or any more, planned otherwise, or not to be taken at once), untouched,
+        for their masters' usual path. A plan's error leaves its run too: that path fails it
+        with the error."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "SELECT id, variables, max_attempts, queue FROM dtask_runs"
+                    " WHERE id = ANY(:ids) AND template = :template AND state = 'pending'"
+                    " AND coalesce(start_after, now()) <= now()"
+                    " AND pg_try_advisory_xact_lock(:ns, CAST(id & 2147483647 AS int))"
+                ),
+                {"ids": run_ids, "template": template, "ns": RUN_LOCKS},
+            ).all()
+            one: dict[int, tuple[str, int]] = {}
+            for row in rows:
+                slots = LiveSlots(partial(live_on, conn), row.queue, template)
+                try:
+                    specs = plan(row.variables, slots)
+                except DtaskError:
+                    continue
+                if len(specs) == 1 and slots.seen is None:
+                    spec = specs[0]
+                    one[row.id] = (
+                        spec if isinstance(spec, str) else json.dumps(spec),
+                        row.max_attempts,
+                    )
+            taken = _take_many(conn, one, owner, lease_ttl) if one else []
+        ids = {run_id for run_id, _ in taken}
+        return taken, [i for i in run_ids if i not in ids]
+
+    def finish_many(self, done: Sequence[tuple[int, Finished]]) -> Ended:
+        """Each child of ``done`` (run id, success) succeeded under its fence (counting its
+        attempt if not yet counted), and its run with it, in one transaction under the runs'
+        locks: what ``finish`` does for one. A child whose fence moved is not written (not in
+        ``succeeded``); a run cancelled meanwhile does not move."""
+        if not done:
+            return Ended([], [], [])
+        with self.db.tx() as conn:
+            conn.execute(
+                sql(
+                    "SELECT count(pg_advisory_xact_lock(:ns, k)) FROM (SELECT DISTINCT k FROM"
+                    " unnest(CAST(:keys AS int[])) k ORDER BY k) s"
+                ),
+                {"ns": RUN_LOCKS, "keys": [run_id & 0x7FFFFFFF for run_id, _ in done]},
+            )
+            rows = conn.execute(
+                sql(
+                    "WITH v AS (SELECT * FROM unnest(CAST(:ids AS bigint[]),"
+                    "   CAST(:fences AS bigint[]), CAST(:cps AS text[]), CAST(:results AS text[]),"
+                    "   CAST(:counts AS int[]), CAST(:outputs AS text[]))"
+                    "   AS v(id, fence, cp, result, counts, output)),"
+                    f" child AS (UPDATE dtask_children c SET {BATCH_FINISH},"
+                    "   attempt = c.attempt + v.counts, updated_at = now()"
+                    "   FROM v WHERE c.id = v.id AND c.fence = v.fence AND c.state = 'running'"
+                    "   RETURNING c.run_id)"
+                    " UPDATE dtask_runs SET state = 'succeeded', error = NULL, finished_at = now(),"
+                    " result = NULL, updated_at = now() WHERE id IN (SELECT run_id FROM child)"
+                    " AND state = 'running' AND child_total = 1"
+                    " RETURNING id, chains IS NOT NULL AS chained"
+                ),
+                {
+                    "ids": [d.claim.child_id for _, d in done],
+                    "fences": [d.claim.fence for _, d in done],
+                    "cps": [json_or_none(d.checkpoint) for _, d in done],
+                    "results": [d.result for _, d in done],
+                    "counts": [d.claim.uncounted for _, d in done],
+                    "outputs": [d.output for _, d in done],
+                },
+            ).all()
+            succeeded = sorted(int(r.id) for r in rows)
+            released = deps.release(conn, deps.waiting_dependents(conn, succeeded))
+        return Ended(succeeded, sorted(int(r.id) for r in rows if r.chained), released)
+
+
+def _take_many(
+    conn: Connection, one: dict[int, tuple[str, int]], owner: str, lease_ttl: float
+) -> list[tuple[int, Claim]]:
+    """``take`` of each run of ``one`` (run id: its child's spec as JSON text, its max
+    attempts) in one statement. A child taken for the first time counts its attempt with its
+    end, as ``ChildStore.claim_many``'s do."""
+    rows = conn.execute(
+        sql(
+            f"WITH taken AS (UPDATE dtask_runs r SET {SPLIT}"
+            f"   WHERE id = ANY(:runs) AND state = 'pending' AND {_AT_ONCE}"
+            "   RETURNING id, execution_cap),"
+            " child AS (INSERT INTO dtask_children"
+            "   (run_id, index, spec, max_attempts, state, fence, owner, lease_expires_at,"
+            "   started_at) SELECT v.run, 0, CAST(v.spec AS jsonb), v.max, 'running', 1, :owner,"
+            "   now() + make_interval(secs => :ttl), now() FROM unnest(CAST(:runs AS bigint[]),"
+            "   CAST(:specs AS text[]), CAST(:maxes AS int[])) AS v(run, spec, max)"
+            "   JOIN taken ON taken.id = v.run"
+            "   RETURNING id, run_id, fence, attempt, max_attempts, spec)"
+            " SELECT child.*, taken.execution_cap FROM child JOIN taken"
+            " ON taken.id = child.run_id ORDER BY child.run_id"
+        ),
+        {
+            "runs": list(one),
+            "specs": [spec for spec, _ in one.values()],
+            "maxes": [most for _, most in one.values()],
+            "q": DEFAULT_QUEUE,
+            "state": RunState.RUNNING.value,
+            "total": 1,
+            "unsent": 0,
+            "owner": owner,
+            "ttl": lease_ttl,
+        },
+    ).all()
+    claims = [
+        Claim(r.id, r.fence, r.attempt + 1, r.max_attempts, r.spec, None, r.execution_cap, False)
+        for r in rows
+    ]
+    return [(r.run_id, claim) for r, claim in zip(rows, claims, strict=True)]

@@ -12,6 +12,7 @@ from dtask.db.clients import ClientStore
 from dtask.db.counters import CounterStore
 from dtask.db.database import Database
 from dtask.db.dispatch import DispatchStore
+from dtask.db.inline import InlineStore
 from dtask.db.leases import LeaseStore
 from dtask.db.metrics import MetricsStore
 from dtask.db.notify import NotifyStore
@@ -34,6 +35,7 @@ class Store:
         self.engine = db.engine
         self.runs = RunStore(self.db)
         self.children = ChildStore(self.db)
+        self.inline = InlineStore(self.db)
         self.recovery = RecoveryStore(self.db)
         self.schedules = ScheduleStore(self.db)
         self.clients = ClientStore(self.db)

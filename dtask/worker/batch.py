@@ -31,7 +31,7 @@ from dtask.worker import drain, links
 from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_if_last
-from dtask.worker.lifecycle import note_time, run_child, template_backoff
+from dtask.worker.lifecycle import note_time, run_child, template_backoff, unwritten_for
 from dtask.worker.messages import publish
 from dtask.worker.task_table import CHILDREN
 from dtask.worker.tasks import dtask_task
@@ -75,13 +75,6 @@ class InBatch(Delivery):
         """The batch's message gets its own final event."""
 
 
-# A message's children taken for the first time run without a write of their own within
-# this long of its claim (or the heartbeat interval's half, if shorter: their leases run from
-# the claim): their successes are written together, with the next start after it or at the
-# message's end. It bounds what a killed worker runs again.
-UNWRITTEN_FOR = 0.25
-
-
 class Held:
     """The successes of a message's children not written yet. Each is written with the next
     child's start that writes, the running child's first heartbeat, or the message's end
@@ -103,9 +96,7 @@ class Held:
             self.done.append(done)
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
-        config = services.current().settings
-        window = min(UNWRITTEN_FOR, config.heartbeat_interval / 2)
-        if not claim.counted and time.monotonic() - self.claimed_at < window:
+        if not claim.counted and time.monotonic() - self.claimed_at < unwritten_for():
             return claim
         with self._lock:
             finished, started = services.store().children.write_batch(self.done, claim, lease_ttl)

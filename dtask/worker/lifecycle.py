@@ -90,6 +90,18 @@ def run_child(delivery: Delivery) -> float | None:
         delivery.retry(config.lease_ttl)
 
 
+# Children taken for the first time with others (a message's, or runs' taken together) run
+# without a write of their own within this long of their claim (or the heartbeat interval's
+# half, if shorter: their leases run from the claim): their successes are written together.
+# It bounds what a killed worker runs again.
+UNWRITTEN_FOR = 0.25
+
+
+def unwritten_for() -> float:
+    """How long after their claim children taken together start without a write."""
+    return min(UNWRITTEN_FOR, services.current().settings.heartbeat_interval / 2)
+
+
 def noted(index: int) -> bool:
     """Whether a child sent alone notes its time: the first few of a run (the dispatcher's
     first batch size comes from them), then one in ten (its moving average needs no more,

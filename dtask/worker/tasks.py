@@ -10,7 +10,6 @@ chains   the chains waiting for a run that ended, sent by a pool process (dtask/
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -18,28 +17,25 @@ from functools import partial
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore
 
 from dtask import services
-from dtask.db import Claim, Finished, RunRecord, Store
+from dtask.db import RunRecord, Store
 from dtask.db.inline import Inline
 from dtask.db.workers import LiveSlots
 from dtask.domain.dispatch import BATCH_SECONDS, batch_size
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
-    ChildFailed,
-    DatabaseUnavailable,
     InvalidVariables,
-    LeaseLost,
     UnknownTemplate,
 )
 from dtask.settings import Settings
 from dtask.worker import chains, dispatcher, drain, task_table
 from dtask.worker.app import app
-from dtask.worker.child_store import LifecycleStore, hand_over, owner_name
+from dtask.worker.child_store import owner_name
 from dtask.worker.delivery import Delivery
-from dtask.worker.finalize import finalize_run, start_released
+from dtask.worker.finalize import finalize_run
+from dtask.worker.inline_runs import InMaster, child_seconds, run_inline, run_many
 from dtask.worker.lifecycle import note_time, noted, run_child, template_backoff
 from dtask.worker.masters import PER_MESSAGE, Master, send_masters
 from dtask.worker.messages import readable, send_chord, send_master
@@ -152,18 +148,7 @@ def _split(store: Store, run_id: int, state: RunState, inline: list[InMaster]) -
     log.info("run %s is %s", run_id, state.value)
     if state.finished:  # its split failed: a chain waiting for it fails with its error
         chains.after_finish(store, run_id)
-    _run_inline(inline)
-
-
-_child_seconds: dict[str, float] = {}  # template -> its children's time in this process
-
-
-def _run_inline(inline: list[InMaster]) -> None:
-    for child in inline:
-        took = child.run()
-        if took is not None:
-            before = _child_seconds.get(child.template)
-            _child_seconds[child.template] = took if before is None else 0.7 * before + 0.3 * took
+    run_inline(inline)
 
 
 # A dtask.masters message's wall time, at most: where each run's own bookkeeping is slow (a
@@ -173,21 +158,24 @@ MESSAGE_SECONDS = 10 * BATCH_SECONDS
 
 @dtask_task(MASTERS)
 def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> None:
-    """The masters of several runs of ``template`` (a bulk submit's), each as ``master`` runs
-    one, one after another: as many as the template's children fill BATCH_SECONDS by the time
-    this process has seen them take (their function's, as a message of children is sized),
-    within MESSAGE_SECONDS; the rest go back to the queue as a message of their own, for any
-    process to take. Where this process has not yet seen the template's children take less
-    than BATCH_SECONDS, it runs the first run alone and sends the others back at once: a long
-    child never holds the rest."""
+    """The masters of several runs of ``template`` (a bulk submit's): as many as the
+    template's children fill BATCH_SECONDS by the time this process has seen them take (their
+    function's, as a message of children is sized); the rest go back to the queue as a
+    message of their own, for any process to take. Where this process has not yet seen the
+    template's children take less than BATCH_SECONDS, it runs the first run alone and sends
+    the others back at once: a long child never holds the rest. Runs of one child that start
+    at once are taken together and run here (``inline_runs.run_many``); the others, each as
+    ``master`` runs one, one after another within MESSAGE_SECONDS."""
     drain.arm()
     store = services.store()
     ids = [int(i) for i in run_ids]
-    seen = _child_seconds.get(template)
+    seen = child_seconds(template)
     here = 1 if seen is None else batch_size(seen)
     if len(ids) > here:
         _send_back(template, priority, ids[here:])
         ids = ids[:here]
+    if _together(template):
+        ids = run_many(store, template, ids)
     began = time.monotonic()
     for position, run_id in enumerate(ids):
         if position and (drain.draining() or time.monotonic() - began >= MESSAGE_SECONDS):
@@ -210,68 +198,24 @@ def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> Non
         _split(store, run_id, state, inline)
 
 
+def _together(template: str) -> bool:
+    """Whether ``template``'s one-child runs can be taken together: as ``run_master`` takes
+    one (inline, window dispatch, no operator's window), where no reduce follows the child."""
+    settings = services.current().settings
+    known = registry.get(template) if template in registry else None
+    return (
+        known is not None
+        and known.reduce is None
+        and settings.dispatch == "window"
+        and settings.dispatch_window is None
+    )
+
+
 def _send_back(template: str, priority: int, run_ids: list[int]) -> None:
     """Runs of a ``dtask.masters`` message not run here, back to the queue (BrokerUnavailable:
     they stay pending, and the reaper sends their masters once overdue)."""
     back = [Master(i, template, priority, shown=f"{template} run {i}") for i in run_ids]
     send_masters(back, PER_MESSAGE)
-
-
-class InMaster(Delivery):
-    """A one-child run's child, taken for its master's task by the split (``run_master``'s
-    ``inline``) and run there: no message, no dispatcher pass, no chord count of its own; it
-    finishes its run with it (in one transaction where the template has no reduce). Tried
-    again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
-    master's task for it."""
-
-    def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
-        super().__init__(run_id, index, template, claim.spec, claim)
-        self.finished_run = False
-
-    def run(self) -> float | None:
-        """Its child run here: the seconds its function took, or None where it did not end."""
-        drain.arm()
-        try:
-            if drain.draining():  # stopping: let another process take it
-                self.retry(0.0)
-            return run_child(self)
-        except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
-            return None
-        finally:
-            drain.finished()  # a process that got SIGTERM takes no further work
-
-    def finish(self, store: LifecycleStore, done: Finished) -> None:
-        if registry.get(self.template).reduce is not None:
-            super().finish(store, done)
-            return
-        chained: list[int] = []
-        whole = services.store()  # its runs finish alone; a LifecycleStore's only finalize
-        released = whole.runs.finish_alone(self.run_id, done, chained)
-        self.finished_run = released is not None
-        if chained:
-            chains.after_finish(whole, self.run_id)
-        if released:
-            start_released(self.run_id, released)
-
-    def finalize(self, store: LifecycleStore) -> None:
-        if self.finished_run:
-            return
-        try:
-            state = finalize_run(store, self.run_id, chord=False)
-            log.info("run %s finalized by its child: %s", self.run_id, state.value)
-        except Exception as exc:  # the child itself succeeded: never fail it for this
-            log.warning(
-                "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
-            )
-
-    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
-        store = services.store()
-        claim = self.taken
-        assert claim is not None  # a master's split takes its child
-        with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
-            store.children.unclaim(claim)
-        hand_over(store, self.run_id, self.template, [(self.index, self.spec)], countdown)
-        raise Ignore()
 
 
 @dtask_task(SUBMIT)

@@ -1,0 +1,204 @@
+"""One-child runs whose child runs in their master's task (``InMaster``): a ``dtask.master``
+message's run, or several runs of a ``dtask.masters`` message taken together (``run_many``):
+split in one transaction, their children run one after the other, their successes and the
+runs' with them written in one (``HeldRuns``). What that saves over a child message is
+docs/benchmarks.md's "many small runs"."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from functools import partial
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore
+
+from dtask import services
+from dtask.db import Claim, Finished, Store
+from dtask.db.children import lease_lost
+from dtask.db.workers import LiveSlots
+from dtask.domain.runs import RunState
+from dtask.domain.templates import registry
+from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
+from dtask.worker import chains, drain, links
+from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
+from dtask.worker.delivery import Delivery
+from dtask.worker.finalize import finalize_run, start_released
+from dtask.worker.lifecycle import run_child, unwritten_for
+from dtask.worker.time_limit import time_limit
+
+log = logging.getLogger("dtask.worker")
+
+_child_seconds: dict[str, float] = {}  # template -> its children's time in this process
+
+
+def child_seconds(template: str) -> float | None:
+    """How long ``template``'s children have taken in this process (a moving average), if
+    it ran any."""
+    return _child_seconds.get(template)
+
+
+def run_inline(inline: list[InMaster]) -> None:
+    """Run children taken by their masters' splits, noting their time."""
+    for child in inline:
+        took = child.run()
+        if took is not None:
+            before = _child_seconds.get(child.template)
+            _child_seconds[child.template] = took if before is None else 0.7 * before + 0.3 * took
+
+
+class InMaster(Delivery):
+    """A one-child run's child, taken for its master's task by the split (``run_master``'s
+    ``inline``) and run there: no message, no dispatcher pass, no chord count of its own; it
+    finishes its run with it (in one transaction where the template has no reduce). Tried
+    again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
+    master's task for it."""
+
+    def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
+        super().__init__(run_id, index, template, claim.spec, claim)
+        self.finished_run = False
+
+    def run(self) -> float | None:
+        """Its child run here: the seconds its function took, or None where it did not end."""
+        drain.arm()
+        try:
+            if drain.draining():  # stopping: let another process take it
+                self.retry(0.0)
+            return run_child(self)
+        except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
+            return None
+        finally:
+            drain.finished()  # a process that got SIGTERM takes no further work
+
+    def finish(self, store: LifecycleStore, done: Finished) -> None:
+        if registry.get(self.template).reduce is not None:
+            super().finish(store, done)
+            return
+        chained: list[int] = []
+        whole = services.store()  # its runs finish alone; a LifecycleStore's only finalize
+        released = whole.runs.finish_alone(self.run_id, done, chained)
+        self.finished_run = released is not None
+        if chained:
+            chains.after_finish(whole, self.run_id)
+        if released:
+            start_released(self.run_id, released)
+
+    def finalize(self, store: LifecycleStore) -> None:
+        if self.finished_run:
+            return
+        try:
+            state = finalize_run(store, self.run_id, chord=False)
+            log.info("run %s finalized by its child: %s", self.run_id, state.value)
+        except Exception as exc:  # the child itself succeeded: never fail it for this
+            log.warning(
+                "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
+            )
+
+    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        store = services.store()
+        claim = self.taken
+        assert claim is not None  # a master's split takes its child
+        with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
+            store.children.unclaim(claim)
+        hand_over(store, self.run_id, self.template, [(self.index, self.spec)], countdown)
+        raise Ignore()
+
+
+def run_many(store: Store, template: str, run_ids: list[int]) -> list[int]:
+    """Take those of ``run_ids`` (runs of ``template``, which has no reduce) that are one
+    child each and would start at once, in one transaction, and run their children here,
+    their successes written together (``HeldRuns``); the runs not taken, for their masters'
+    usual path (``run_master``)."""
+    settings = services.current().settings
+
+    def plan(variables: dict[str, Any], slots: LiveSlots) -> list[Any]:
+        with time_limit(settings.split_timeout, f"the split of template {template!r}"):
+            return registry.get(template).plan(
+                variables,
+                settings.max_children,
+                settings.max_child_spec,
+                slots=partial(slots, settings.worker_seen_within),
+            )
+
+    claimed_at = time.monotonic()
+    taken, left = store.inline.split_many(run_ids, template, plan, owner_name(), settings.lease_ttl)
+    held = HeldRuns(claimed_at)
+    try:
+        run_inline([InMasters(run_id, template, claim, held) for run_id, claim in taken])
+    finally:
+        held.flush()
+    return left
+
+
+class InMasters(InMaster):
+    """A child of one of ``run_many``'s runs: its first start writes nothing (its attempt is
+    counted with its end) and its success waits in ``HeldRuns``, as a child of a
+    ``dtask.children`` message's does in its ``Held``."""
+
+    def __init__(self, run_id: int, template: str, claim: Claim, held: HeldRuns) -> None:
+        super().__init__(run_id, 0, template, claim)
+        self.held = held
+
+    def start(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> Claim | None:
+        if not claim.counted and time.monotonic() - self.held.claimed_at < unwritten_for():
+            return claim
+        self.held.flush()
+        return super().start(store, claim, lease_ttl)
+
+    def renew(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> RunState | None:
+        """Writes the successes held first: their leases run from the split."""
+        self.held.flush()
+        return super().renew(store, claim, lease_ttl)
+
+    def finish(self, store: LifecycleStore, done: Finished) -> None:
+        self.held.hold(self, done)
+
+    def finalize(self, store: LifecycleStore) -> None:
+        """``HeldRuns.flush`` finishes the run with its child."""
+
+
+class HeldRuns:
+    """The successes of ``run_many``'s children not written yet, written with their runs'
+    in one transaction (``InlineStore.finish_many``) by the next start that must write, a
+    heartbeat, or the end of ``run_many``. A worker killed in between runs those children
+    again (the writes are fenced: each counts once) without spending an attempt. Used by the
+    pool process's thread and its child's heartbeat thread."""
+
+    def __init__(self, claimed_at: float) -> None:
+        self.claimed_at = claimed_at
+        self.done: list[tuple[InMasters, Finished]] = []
+        self._lock = threading.Lock()
+
+    def hold(self, child: InMasters, done: Finished) -> None:
+        with self._lock:
+            self.done.append((child, done))
+
+    def flush(self) -> None:
+        """Never raises: where PostgreSQL cannot be reached, the children's leases run out and
+        the reaper sends them again, as for a worker cut off."""
+        store = services.store()
+        ttl = services.current().settings.lease_ttl
+        with self._lock:
+            done, self.done = self.done, []
+            if not done:
+                return
+            try:
+                ended = patiently(
+                    lambda: store.inline.finish_many([(c.run_id, d) for c, d in done]), ttl
+                )
+            except DatabaseUnavailable as exc:
+                links.cut_off()
+                log.warning(
+                    "runs %s: finished children not written: %s; they run again once their"
+                    " leases expire", [c.run_id for c, _ in done], exc,
+                )  # fmt: skip
+                return
+        succeeded = set(ended.succeeded)
+        for child, finished in done:
+            if child.run_id not in succeeded:
+                log.warning("%s: %s", child, lease_lost(finished.claim))
+        for run_id in ended.chained:
+            chains.after_finish(store, run_id)
+        start_released(None, ended.released)
