@@ -237,7 +237,7 @@ def submit(
             run = create(on=written.conn)
         backlog.added(new_run, run.created)
         if run.state is RunState.PENDING and run.starts_in <= config.stall_timeout:
-            written.after_commit(partial(_send_committed, run, shown(run.id)))
+            written.after_commit(partial(_send_committed, run, tpl.name, shown(run.id)))
         return Run(run.id, created=run.created)
     run = create()
     run_id, created = run.id, run.created
@@ -246,7 +246,13 @@ def submit(
         return Run(run_id, created=created)  # the reaper starts it when it is due
     if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
-            send_master(run_id, countdown=run.starts_in, shown=shown(run_id), priority=run.priority)
+            send_master(
+                run_id,
+                countdown=run.starts_in,
+                shown=shown(run_id),
+                priority=run.priority,
+                template=tpl.name,
+            )
         except BrokerUnavailable as exc:
             if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
@@ -344,11 +350,13 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
     return Prepared(tpl, base, config, eager_mode)
 
 
-def _send_committed(run: Created, shown: str) -> None:
+def _send_committed(run: Created, template: str, shown: str) -> None:
     """The master of a run the caller's transaction committed; where the broker cannot take
     it, the run stays pending and the reaper sends it (the commit is not undone)."""
     try:
-        send_master(run.id, countdown=run.starts_in, shown=shown, priority=run.priority)
+        send_master(
+            run.id, countdown=run.starts_in, shown=shown, priority=run.priority, template=template
+        )
     except BrokerUnavailable as exc:
         log.warning("run %s: committed, its master not sent (the reaper will): %s", run.id, exc)
 

@@ -146,8 +146,29 @@ def finish(
     return deps.settle(conn, run_id, RunState.SUCCEEDED)
 
 
-# A plan for one run: (its variables, its live slots) -> its children's specs
-Plan = Callable[[dict[str, Any], LiveSlots], Sequence[str | Mapping[str, Any]]]
+# A plan for one run: (its template, variables, live slots) -> its children's specs, or None
+# where it is not to be taken with others
+Plan = Callable[[str, dict[str, Any], LiveSlots], Sequence[str | Mapping[str, Any]] | None]
+
+_SIBLINGS = (
+    "SELECT s.id FROM dtask_runs s JOIN dtask_runs f ON f.id = :first"
+    " WHERE s.state = 'pending' AND s.template = f.template AND s.priority = f.priority"
+    " AND s.id <> f.id AND coalesce(s.start_after, now()) <= now()"
+    " ORDER BY s.id LIMIT :n"
+)
+"""Up to ``:n`` other pending runs, due, of the template and priority of run ``:first``."""
+
+# a master finds nothing to do for a run in these states (a duplicate, or taken as a sibling)
+_SPLIT_ALREADY = ("running", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A run taken with others by ``InlineStore.split_many``: its child's claim."""
+
+    run_id: int
+    template: str
+    claim: Claim
 
 
 @dataclass(frozen=True)
@@ -169,40 +190,47 @@ class InlineStore:
         self.db = db
 
     def split_many(
-        self, run_ids: list[int], template: str, plan: Plan, owner: str, lease_ttl: float
-    ) -> tuple[list[tuple[int, Claim]], list[int]]:
-        """pending -> running for those of ``run_ids`` (runs of ``template``) whose plan is one
-        child, as ``take`` would move each, their children taken by ``owner``: (run id, claim)
-        of each taken, in id order, and the runs left (their lock held by a master, not
-        pending yet or any more, planned otherwise, or not to be taken at once), untouched,
-        for their masters' usual path. A plan's error leaves its run too: that path fails it
-        with the error."""
+        self, run_ids: list[int], plan: Plan, owner: str, lease_ttl: float, siblings: int = 0
+    ) -> tuple[list[Taken], list[int]]:
+        """pending -> running for those of ``run_ids`` whose plan is one child (``plan``
+        returns None for a run not to be taken so: its template unknown here, or with a
+        reduce), as ``take`` would move each, their children taken by ``owner``; with
+        ``siblings``, up to that many more pending runs of ``run_ids[0]``'s template and
+        priority, oldest first, that are due (their masters, when they come, find them
+        taken). Returns each run taken, in id order, and those of
+        ``run_ids`` for their masters' usual path: their lock held by another master, not
+        due, waiting, planned otherwise, or not to be taken at once, untouched (a run
+        already split or finished is in neither). A plan's error leaves its run too: that
+        path fails it with the error."""
+        templates: dict[int, str] = {}
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT id, variables, max_attempts, queue FROM dtask_runs"
-                    " WHERE id = ANY(:ids) AND template = :template AND state = 'pending'"
-                    " AND coalesce(start_after, now()) <= now()"
+                    "SELECT id, template, variables, max_attempts, queue, state,"
+                    " coalesce(start_after, now()) <= now() AS due FROM dtask_runs"
+                    f" WHERE (id = ANY(:ids) OR id IN ({_SIBLINGS}))"
                     " AND pg_try_advisory_xact_lock(:ns, CAST(id & 2147483647 AS int))"
                 ),
-                {"ids": run_ids, "template": template, "ns": RUN_LOCKS},
+                {"ids": run_ids, "first": run_ids[0], "n": siblings, "ns": RUN_LOCKS},
             ).all()
             one: dict[int, tuple[str, int]] = {}
             for row in rows:
-                slots = LiveSlots(partial(live_on, conn), row.queue, template)
+                if row.state != RunState.PENDING.value or not row.due:
+                    continue
+                slots = LiveSlots(partial(live_on, conn), row.queue, row.template)
                 try:
-                    specs = plan(row.variables, slots)
+                    specs = plan(row.template, row.variables, slots)
                 except DtaskError:
                     continue
-                if len(specs) == 1 and slots.seen is None:
+                if specs is not None and len(specs) == 1 and slots.seen is None:
                     spec = specs[0]
-                    one[row.id] = (
-                        spec if isinstance(spec, str) else json.dumps(spec),
-                        row.max_attempts,
-                    )
-            taken = _take_many(conn, one, owner, lease_ttl) if one else []
-        ids = {run_id for run_id, _ in taken}
-        return taken, [i for i in run_ids if i not in ids]
+                    text = spec if isinstance(spec, str) else json.dumps(spec)
+                    one[row.id] = (text, row.max_attempts)
+                    templates[row.id] = row.template
+            claims = _take_many(conn, one, owner, lease_ttl) if one else []
+        taken = [Taken(run_id, templates[run_id], claim) for run_id, claim in claims]
+        moved = {t.run_id for t in taken} | {r.id for r in rows if r.state in _SPLIT_ALREADY}
+        return taken, [i for i in run_ids if i not in moved]
 
     def finish_many(self, done: Sequence[tuple[int, Finished]]) -> Ended:
         """Each child of ``done`` (run id, success) succeeded under its fence (counting its

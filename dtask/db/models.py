@@ -149,6 +149,14 @@ class RunRow(Base):
         CheckConstraint(_one_of(Delivery, "notify_state"), name="notify_state"),
         Index(None, "notify_next_at", postgresql_where=text("notify_state = 'waiting'")),
         Index(None, "unsent", postgresql_where=text("unsent > 0")),
+        # a one-child run's master takes the pending runs of its template and priority with it
+        Index(
+            "ix_dtask_runs_pending_template",
+            "template",
+            "priority",
+            "id",
+            postgresql_where=text("state = 'pending'"),
+        ),
         # the dispatcher's read of the runs it may send from: per client, queue and template,
         # in the order of dtask.domain.dispatch.plan
         Index(

@@ -18,6 +18,7 @@ from celery.exceptions import Ignore
 from dtask import services
 from dtask.db import Claim, Finished, Store
 from dtask.db.children import lease_lost
+from dtask.db.inline import Taken
 from dtask.db.workers import LiveSlots
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
@@ -106,27 +107,56 @@ class InMaster(Delivery):
         raise Ignore()
 
 
-def run_many(store: Store, template: str, run_ids: list[int]) -> list[int]:
-    """Take those of ``run_ids`` (runs of ``template``, which has no reduce) that are one
-    child each and would start at once, in one transaction, and run their children here,
-    their successes written together (``HeldRuns``); the runs not taken, for their masters'
-    usual path (``run_master``)."""
+_slow_plans: set[str] = set()  # templates whose plan of several children took long here
+SLOW_PLAN = 0.005  # seconds: a plan that long is not made twice (taken with others, then not)
+
+
+def together(template: str) -> bool:
+    """Whether ``template``'s one-child runs can be taken together: as ``run_master`` takes
+    one (window dispatch, no operator's window), where this worker knows the template, no
+    reduce follows the child, and no plan of several children of it took SLOW_PLAN in this
+    process (the usual path plans such a run again)."""
+    settings = services.current().settings
+    return (
+        template not in _slow_plans
+        and _takeable(template)
+        and settings.dispatch == "window"
+        and settings.dispatch_window is None
+    )
+
+
+def _takeable(template: str) -> bool:
+    return template in registry and registry.get(template).reduce is None
+
+
+def run_many(store: Store, run_ids: list[int], siblings: int = 0) -> list[int]:
+    """Take those of ``run_ids`` that are one child each and would start at once (and up to
+    ``siblings`` more pending runs of the first one's template and priority: the pending runs
+    a master of a short template takes with its own), in one transaction, and run their
+    children here, their successes written together (``HeldRuns``); those of ``run_ids`` for
+    their masters' usual path (``run_master``). A run already split is in neither."""
     settings = services.current().settings
 
-    def plan(variables: dict[str, Any], slots: LiveSlots) -> list[Any]:
+    def plan(template: str, variables: dict[str, Any], slots: LiveSlots) -> list[Any] | None:
+        if not _takeable(template):
+            return None
+        began = time.monotonic()
         with time_limit(settings.split_timeout, f"the split of template {template!r}"):
-            return registry.get(template).plan(
+            specs = registry.get(template).plan(
                 variables,
                 settings.max_children,
                 settings.max_child_spec,
                 slots=partial(slots, settings.worker_seen_within),
             )
+        if len(specs) != 1 and time.monotonic() - began >= SLOW_PLAN:
+            _slow_plans.add(template)
+        return specs
 
     claimed_at = time.monotonic()
-    taken, left = store.inline.split_many(run_ids, template, plan, owner_name(), settings.lease_ttl)
+    taken, left = store.inline.split_many(run_ids, plan, owner_name(), settings.lease_ttl, siblings)
     held = HeldRuns(claimed_at)
     try:
-        run_inline([InMasters(run_id, template, claim, held) for run_id, claim in taken])
+        run_inline([InMasters(run, held) for run in taken])
     finally:
         held.flush()
     return left
@@ -137,8 +167,8 @@ class InMasters(InMaster):
     counted with its end) and its success waits in ``HeldRuns``, as a child of a
     ``dtask.children`` message's does in its ``Held``."""
 
-    def __init__(self, run_id: int, template: str, claim: Claim, held: HeldRuns) -> None:
-        super().__init__(run_id, 0, template, claim)
+    def __init__(self, run: Taken, held: HeldRuns) -> None:
+        super().__init__(run.run_id, 0, run.template, run.claim)
         self.held = held
 
     def start(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> Claim | None:

@@ -16,7 +16,7 @@ from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
 from dtask.worker.app import configure
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.messages import PUBLISH_BATCH, broker_priority, pipelined
+from dtask.worker.messages import PUBLISH_BATCH, TEMPLATE_HEADER, broker_priority, pipelined
 from dtask.worker.task_table import MASTER, MASTERS
 
 PER_MESSAGE = 50  # runs of a bulk submit in one dtask.masters message, at most
@@ -60,7 +60,7 @@ def send_masters(masters: Iterable[Master], per_message: int = 1) -> int:
     try:
         with app.producer_or_acquire(None) as producer, pipelined(producer, PUBLISH_BATCH):
             producer.maybe_declare(queue)
-            for name, args, shown, priority, countdown in _messages(masters, per_message):
+            for name, args, shown, priority, countdown, template in _messages(masters, per_message):
                 task_id = str(uuid.uuid4())
                 if countdown:
                     headers, properties, body, _ = app.amqp.create_task_message(
@@ -72,6 +72,8 @@ def send_masters(masters: Iterable[Master], per_message: int = 1) -> int:
                                "argsrepr": shown}  # fmt: skip
                     properties = {**made[name].properties, "correlation_id": task_id}
                     body = (args, {}, made[name].body[2])
+                if name == MASTER:  # a worker that knows it may take the run with others
+                    headers = {**headers, TEMPLATE_HEADER: template}
                 level = broker_priority(priority, 1)
                 producer.publish(
                     body, exchange="", routing_key=queue.name, serializer="json",
@@ -89,8 +91,9 @@ def send_masters(masters: Iterable[Master], per_message: int = 1) -> int:
 
 def _messages(
     masters: Iterable[Master], per_message: int
-) -> Iterator[tuple[str, tuple[Any, ...], str, int, float]]:
-    """(task, args, shown, priority, countdown) of each message, in the masters' order."""
+) -> Iterator[tuple[str, tuple[Any, ...], str, int, float, str]]:
+    """(task, args, shown, priority, countdown, template) of each message, in the masters'
+    order."""
 
     def together(m: Master) -> tuple[str, int, bool]:
         return m.template, m.priority, bool(m.countdown) or per_message <= 1
@@ -101,7 +104,8 @@ def _messages(
             group = found[at : at + (1 if alone else per_message)]
             if len(group) == 1:
                 m = group[0]
-                yield MASTER, (m.run_id,), m.shown, m.priority, m.countdown
+                yield MASTER, (m.run_id,), m.shown, m.priority, m.countdown, template
             else:
                 ids = [m.run_id for m in group]
-                yield MASTERS, (template, priority, ids), shown_runs(template, ids), priority, 0.0
+                shown = shown_runs(template, ids)
+                yield MASTERS, (template, priority, ids), shown, priority, 0.0, template

@@ -73,24 +73,32 @@ def submit_signature(
     )
 
 
+TEMPLATE_HEADER = "dtask_template"
+"""A master message's header naming its run's template, where the sender knew it."""
+
+
 def send_master(
     run_id: int,
     through: Any = None,
     countdown: float = 0.0,
     shown: str | None = None,
     priority: int | None = None,
+    template: str | None = None,
 ) -> None:
     """Wake a master for the run (a duplicate is harmless: the run's lock and state decide),
     after ``countdown`` seconds. Through ``through`` if given, else a producer from the
     app's pool. ``shown`` is what Flower and the logs show as its arguments (its template
     and trigger), where the caller knows them. With the run's ``priority`` its message goes
     at that priority's level on Redis (a run of one child often runs in its master), else at
-    ``MASTERS``."""
+    ``MASTERS``. With the run's ``template``, a master that knows it may take the run with
+    others (``inline_runs.run_many``)."""
     app = configure()
     send = partial(
         app.send_task,
         MASTER,
         args=(run_id,),
+        # a header, not an argument: a worker of an older dtask ignores it (a rolling deploy)
+        headers={TEMPLATE_HEADER: template} if template is not None else None,
         queue=DEFAULT_QUEUE,
         countdown=countdown or None,
         argsrepr=shown or f"run {run_id}",

@@ -35,10 +35,10 @@ from dtask.worker.app import app
 from dtask.worker.child_store import owner_name
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_run
-from dtask.worker.inline_runs import InMaster, child_seconds, run_inline, run_many
+from dtask.worker.inline_runs import InMaster, child_seconds, run_inline, run_many, together
 from dtask.worker.lifecycle import note_time, noted, run_child, template_backoff
 from dtask.worker.masters import PER_MESSAGE, Master, send_masters
-from dtask.worker.messages import readable, send_chord, send_master
+from dtask.worker.messages import TEMPLATE_HEADER, readable, send_chord, send_master
 from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, MASTERS, SUBMIT
 from dtask.worker.time_limit import time_limit
 
@@ -128,7 +128,20 @@ def run_master(
 
 @dtask_task(MASTER)
 def master(self: Task, run_id: int) -> None:
+    """The run's master. Where its message names the run's template (``TEMPLATE_HEADER``)
+    and this process has run one-child runs of it, a run of one child is taken in two
+    statements, with as many pending runs of its template and priority as their children
+    fill BATCH_SECONDS by this process's count (``inline_runs.run_many``)."""
     drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
+    template = _header(self, TEMPLATE_HEADER)
+    seen = None if template is None else child_seconds(template)
+    if (
+        template is not None
+        and seen is not None
+        and together(template)
+        and not run_many(services.store(), [run_id], batch_size(seen) - 1)
+    ):
+        return  # taken (and run), or split already
     inline: list[InMaster] = []
     try:
         state = run_master(services.store(), run_id, inline=inline)
@@ -141,6 +154,13 @@ def master(self: Task, run_id: int) -> None:
     except NotDue as early:  # a duplicate or early message: wake again when it is due
         raise self.retry(countdown=early.seconds, max_retries=None) from None
     _split(services.store(), run_id, state, inline)
+
+
+def _header(task: Task, name: str) -> str | None:
+    """A custom header of the task's message: a worker's request holds it among its own
+    fields, an in-process ``apply``'s in ``headers``."""
+    value = task.request.get(name) or (task.request.headers or {}).get(name)
+    return value if isinstance(value, str) else None
 
 
 def _split(store: Store, run_id: int, state: RunState, inline: list[InMaster]) -> None:
@@ -174,8 +194,8 @@ def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> Non
     if len(ids) > here:
         _send_back(template, priority, ids[here:])
         ids = ids[:here]
-    if _together(template):
-        ids = run_many(store, template, ids)
+    if together(template):
+        ids = run_many(store, ids)
     began = time.monotonic()
     for position, run_id in enumerate(ids):
         if position and (drain.draining() or time.monotonic() - began >= MESSAGE_SECONDS):
@@ -193,22 +213,9 @@ def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> Non
                 max_retries=None,
             ) from None
         except NotDue as early:  # rerun meanwhile with a countdown: its own master, when due
-            send_master(run_id, countdown=early.seconds, priority=priority)
+            send_master(run_id, countdown=early.seconds, priority=priority, template=template)
             continue
         _split(store, run_id, state, inline)
-
-
-def _together(template: str) -> bool:
-    """Whether ``template``'s one-child runs can be taken together: as ``run_master`` takes
-    one (inline, window dispatch, no operator's window), where no reduce follows the child."""
-    settings = services.current().settings
-    known = registry.get(template) if template in registry else None
-    return (
-        known is not None
-        and known.reduce is None
-        and settings.dispatch == "window"
-        and settings.dispatch_window is None
-    )
 
 
 def _send_back(template: str, priority: int, run_ids: list[int]) -> None:

@@ -18,7 +18,8 @@ from dtask.db import Finished, Store
 from dtask.db.database import RUN_LOCKS
 from dtask.domain.runs import NewRun, RunState
 from dtask.worker import inline_runs
-from dtask.worker.tasks import masters
+from dtask.worker.messages import TEMPLATE_HEADER
+from dtask.worker.tasks import master, masters
 from tests.support.db import children
 
 ONE = {"n": 1, "fail_every": 0}
@@ -55,7 +56,9 @@ def create(store: Store, variables: dict[str, Any] = ONE, **options: Any) -> int
     return run_id
 
 
-def plan(variables: dict[str, Any], slots: Any) -> list[dict[str, Any]]:
+def plan(template: str, variables: dict[str, Any], slots: Any) -> list[dict[str, Any]] | None:
+    if template != "tiny":
+        return None
     return [{"i": i, "fail_every": variables["fail_every"]} for i in range(variables["n"])]
 
 
@@ -88,12 +91,12 @@ def test_runs_that_cannot_start_together_are_left_untouched(store: Store) -> Non
     given = [plain[0], three, later, plain[1], cancelled, locked, plain[2]]
     with store.engine.connect() as other:  # a master of its own holds this run's lock
         other.execute(text("SELECT pg_advisory_lock(:ns, :k)"), {"ns": RUN_LOCKS, "k": locked})
-        taken, left = store.inline.split_many(given, "tiny", plan, "me", 30.0)
+        taken, left = store.inline.split_many(given, plan, "me", 30.0)
         other.execute(text("SELECT pg_advisory_unlock_all()"))
         other.commit()
-    assert [run_id for run_id, _ in taken] == plain
-    assert left == [three, later, cancelled, locked]
-    assert all(not claim.counted and claim.attempt == 1 for _, claim in taken)
+    assert [t.run_id for t in taken] == plain
+    assert left == [three, later, locked]  # a cancelled run's master has nothing to do
+    assert all(not t.claim.counted and t.claim.attempt == 1 for t in taken)
     for run_id in plain:
         assert store.runs.get(run_id).state is RunState.RUNNING
         assert children(run_id) == [(0, "running", 0)]
@@ -105,20 +108,51 @@ def test_runs_that_cannot_start_together_are_left_untouched(store: Store) -> Non
 def test_a_success_whose_fence_moved_or_run_was_cancelled_is_not_written(store: Store) -> None:
     upstream, moved, cancelled = create(store), create(store), create(store)
     dependent = create(store, after=(upstream,))
-    taken, _ = store.inline.split_many([upstream, moved, cancelled], "tiny", plan, "me", 30.0)
-    claims = dict(taken)
+    taken, _ = store.inline.split_many([upstream, moved, cancelled], plan, "me", 30.0)
+    claims = {t.run_id: t.claim for t in taken}
     with store.engine.begin() as conn:  # another owner took this child over
         conn.execute(
             text("UPDATE dtask_children SET fence = fence + 1 WHERE id = :id"),
             {"id": claims[moved].child_id},
         )
     store.runs.cancel(cancelled)
-    ended = store.inline.finish_many(
-        [(run_id, Finished(claim, None, "0")) for run_id, claim in taken]
-    )
+    ended = store.inline.finish_many([(t.run_id, Finished(t.claim, None, "0")) for t in taken])
     assert (ended.succeeded, ended.released) == ([upstream], [dependent])
     assert store.runs.get(moved).state is RunState.RUNNING
     assert store.runs.get(cancelled).state is RunState.CANCELLED
     assert children(upstream) == [(0, "succeeded", 1)]
     assert children(moved) == [(0, "running", 0)]
     assert store.runs.get(dependent).state is RunState.PENDING
+
+
+def test_a_master_takes_pending_runs_of_its_template_and_priority_with_its_own(
+    store: Store,
+) -> None:
+    first = create(store, priority=3)
+    others = [create(store, priority=3) for _ in range(4)]
+    higher = create(store, priority=7)
+    later = create(store, priority=3, start_in=3600.0)
+    elsewhere, _ = store.runs.create(NewRun("not_tiny", f"test:{uuid.uuid4()}", {}, 1, None))
+    taken, left = store.inline.split_many([first], plan, "me", 30.0, siblings=3)
+    assert ([t.run_id for t in taken], left) == ([first, *others[:3]], [])
+    for run_id in (others[3], higher, later, elsewhere):
+        assert store.runs.get(run_id).state is RunState.PENDING
+    # a taken run's own master, when it comes, takes the one left, and nothing of its own
+    again, left = store.inline.split_many([others[0]], plan, "me", 30.0, siblings=3)
+    assert ([t.run_id for t in again], left) == ([others[3]], [])
+
+
+def test_a_master_message_naming_its_template_runs_its_siblings_with_it(
+    store: Store, statements: list[str], sink: Path
+) -> None:
+    ids = [create(store) for _ in range(10)]
+    statements.clear()
+    master.apply(args=(ids[0],), headers={TEMPLATE_HEADER: "tiny"})
+    sent = [s for s in statements if "dtask_" in s]
+    assert len(sent) < 8, "\n".join(s[:90] for s in sent)
+    for run_id in ids:
+        assert store.runs.get(run_id).state is RunState.SUCCEEDED
+        assert (sink / f"{run_id}.tiny").read_text().count("\n") == 1
+    statements.clear()
+    master.apply(args=(ids[5],), headers={TEMPLATE_HEADER: "tiny"})  # its own, late
+    assert len([s for s in statements if "dtask_" in s]) == 1

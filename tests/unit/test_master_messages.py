@@ -47,7 +47,7 @@ def test_every_run_is_sent_once_in_order_in_groups_alike_and_bounded(
     ]
     by_id = {m.run_id: m for m in masters}
     sent: list[int] = []
-    for name, args, _, priority, countdown in _messages(masters, per_message):
+    for name, args, _, priority, countdown, _ in _messages(masters, per_message):
         ids = [args[0]] if name == MASTER else args[2]
         assert name == MASTER or (1 < len(ids) <= per_message and countdown == 0.0)
         assert {(by_id[i].template, by_id[i].priority) for i in ids} == {
