@@ -5,6 +5,7 @@ each (``dtask worker -c 2``, ``celery worker -c 2``), on the same embedded Postg
 Redis; the other system's worker stays up, idle.
 
     .venv/bin/python -m bench.small_runs [--runs 10000] [--submitters 4] [--system all]
+                                         [--pickup 1]
 
 dtask: runs/s = runs / (the latest run's ``finished_at`` - the first submit call's start).
 Stock Celery: tasks/s = tasks / (the latest result's ``date_done`` - the first ``.delay()``'s
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -333,8 +335,15 @@ def main() -> int:
         default="window",
         help="DTASK_DISPATCH of the dtask worker (default window, as shipped)",
     )
+    parser.add_argument(
+        "--pickup",
+        choices=["0", "1"],
+        default="1",
+        help="DTASK_PICKUP of the dtask submitters (default 1: a burst's runs share messages)",
+    )
     parser.add_argument("--submitter", choices=["dtask", "bulk", "celery"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ["DTASK_PICKUP"] = args.pickup  # the submitter processes inherit it
     if args.submitter:  # one of the submitter processes this module starts
         submitter(args.submitter, args.runs)
         return 0

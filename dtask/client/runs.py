@@ -41,11 +41,12 @@ from dtask.exceptions import (
     TemplateDefinitionError,
     WaitTimeout,
 )
-from dtask.settings import Settings
+from dtask.settings import Settings, is_redis
 from dtask.worker import configure
 from dtask.worker.eager import active as eager_active
 from dtask.worker.eager import run as run_eagerly
 from dtask.worker.finalize import forget_run
+from dtask.worker.masters import ask_pickup
 from dtask.worker.messages import send_master
 
 log = logging.getLogger("dtask.client")
@@ -212,6 +213,8 @@ def submit(
     prepared = prepare(template, **options)
     tpl, config, eager_mode = prepared.template, prepared.settings, prepared.eager
     new_run = prepared.run(variables, key)
+    if not eager_mode and config.pickup and _awaits_pickup(new_run):
+        new_run = replace(new_run, awaits_pickup=True)
     store = services.store()
     create = partial(store.runs.create_run, new_run)
 
@@ -237,7 +240,7 @@ def submit(
             run = create(on=written.conn)
         backlog.added(new_run, run.created)
         if run.state is RunState.PENDING and run.starts_in <= config.stall_timeout:
-            written.after_commit(partial(_send_committed, run, tpl.name, shown(run.id)))
+            written.after_commit(partial(_send_committed, run, new_run, shown(run.id)))
         return Run(run.id, created=run.created)
     run = create()
     run_id, created = run.id, run.created
@@ -246,13 +249,7 @@ def submit(
         return Run(run_id, created=created)  # the reaper starts it when it is due
     if run.state is RunState.PENDING:  # not waiting for upstreams, nor failed by one
         try:
-            send_master(
-                run_id,
-                countdown=run.starts_in,
-                shown=shown(run_id),
-                priority=run.priority,
-                template=tpl.name,
-            )
+            _start(run, new_run, shown(run_id))
         except BrokerUnavailable as exc:
             if created and store.runs.forget_unsent(run_id):
                 raise BrokerUnavailable(f"{exc}; no run was created") from None
@@ -350,13 +347,38 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
     return Prepared(tpl, base, config, eager_mode)
 
 
-def _send_committed(run: Created, template: str, shown: str) -> None:
+def _start(run: Created, new_run: NewRun, shown: str) -> None:
+    """A pickup asked for the run this submit created to wait for one, else its master sent
+    (BrokerUnavailable where the broker cannot take either)."""
+    if run.created and new_run.awaits_pickup:
+        ask_pickup(run.priority)
+    else:
+        send_master(
+            run.id,
+            countdown=run.starts_in,
+            shown=shown,
+            priority=run.priority,
+            template=new_run.template,
+        )
+
+
+def _awaits_pickup(run: NewRun) -> bool:
+    """Whether a submit's run waits for a pickup (dtask/worker/pickup.py, DTASK_PICKUP) rather
+    than sending its own master: where the broker is Redis (the ask is a key there), for a
+    run due now that waits for no upstream."""
+    return (
+        not run.after
+        and run.start_in is None
+        and run.start_at is None
+        and is_redis(str(configure().conf.broker_url))
+    )
+
+
+def _send_committed(run: Created, new_run: NewRun, shown: str) -> None:
     """The master of a run the caller's transaction committed; where the broker cannot take
     it, the run stays pending and the reaper sends it (the commit is not undone)."""
     try:
-        send_master(
-            run.id, countdown=run.starts_in, shown=shown, priority=run.priority, template=template
-        )
+        _start(run, new_run, shown)
     except BrokerUnavailable as exc:
         log.warning("run %s: committed, its master not sent (the reaper will): %s", run.id, exc)
 

@@ -111,6 +111,8 @@ class RunRow(Base):
     child_seconds: Mapped[float | None] = mapped_column(Float)
     dispatches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     master_sent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # a single submit's run whose master a pickup sends (dtask/worker/pickup.py), until then
+    awaits_pickup: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     start_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))  # countdown
     result: Mapped[Any | None] = mapped_column(JSONB)  # the template's reduce of its children's
     # the rest of the Celery chains (and link/link_error) its dtask.submit tasks took over:
@@ -149,6 +151,13 @@ class RunRow(Base):
         CheckConstraint(_one_of(Delivery, "notify_state"), name="notify_state"),
         Index(None, "notify_next_at", postgresql_where=text("notify_state = 'waiting'")),
         Index(None, "unsent", postgresql_where=text("unsent > 0")),
+        # a pickup reads the runs waiting for it (dtask/worker/pickup.py)
+        Index(
+            "ix_dtask_runs_awaits_pickup",
+            text("priority DESC"),
+            "id",
+            postgresql_where=text("state = 'pending' AND awaits_pickup"),
+        ),
         # a one-child run's master takes the pending runs of its template and priority with it
         Index(
             "ix_dtask_runs_pending_template",

@@ -33,7 +33,7 @@ _INSERT = (
     " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
     " execution_cap, client, priority, expected_children, created_at,"
     " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
-    " state, error, finished_at)"
+    " state, error, finished_at, awaits_pickup)"
     " SELECT CAST(:template AS text), {key}, {variables},"
     " CAST(:max_attempts AS integer), CAST(:queue AS text), CAST(:schedule AS text),"
     " CAST(:slot AS timestamptz), CAST(:execution_cap AS double precision),"
@@ -44,7 +44,8 @@ _INSERT = (
     " CAST(:tier AS text), CAST(:notify_url AS text),"
     " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
-    " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END"
+    " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END,"
+    " CAST(:awaits_pickup AS boolean)"
     "{source} WHERE {guard}"
     " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, trigger_key, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
@@ -257,6 +258,26 @@ class RunInserts(RunReads):
     def _by_key(conn: Connection, client: str, key: str) -> Row[Any] | None:
         """The client's run of ``key``: never another client's."""
         return conn.execute(sql(_BY_KEY), {"client": client, "key": key}).first()
+
+    def pick_up(self, most: int) -> list[tuple[int, str, int]]:
+        """The runs waiting for a pickup (``NewRun.awaits_pickup``: pending, due), ``most`` at
+        most, the highest priority and oldest first, marked as picked up: (id, template,
+        priority), runs of one template and priority together."""
+        with self.db.tx() as conn:
+            rows = conn.execute(
+                sql(
+                    "UPDATE dtask_runs SET awaits_pickup = false WHERE id IN ("
+                    "   SELECT id FROM dtask_runs WHERE state = 'pending' AND awaits_pickup"
+                    "   AND coalesce(start_after, now()) <= now()"
+                    "   ORDER BY priority DESC, id LIMIT :most FOR UPDATE SKIP LOCKED)"
+                    " RETURNING id, template, priority"
+                ),
+                {"most": most},
+            ).all()
+        return sorted(
+            ((int(r.id), str(r.template), int(r.priority)) for r in rows),
+            key=lambda r: (-r[2], r[1], r[0]),
+        )
 
     def forget_unsent(self, run_id: int) -> bool:
         """Undo create_run when its master message could not be sent (no half-created run);

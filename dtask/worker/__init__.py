@@ -12,6 +12,7 @@ def load() -> None:
     """Import the modules that define dtask's tasks (several children in one message; master,
     child, finalize, submit, chains) and its revoke handler."""
     import dtask.worker.batch
+    import dtask.worker.pickup
     import dtask.worker.revoke
     import dtask.worker.tasks  # noqa: F401
 

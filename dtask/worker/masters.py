@@ -17,7 +17,7 @@ from dtask.settings import is_redis, mask
 from dtask.worker.app import configure
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.messages import PUBLISH_BATCH, TEMPLATE_HEADER, broker_priority, pipelined
-from dtask.worker.task_table import MASTER, MASTERS
+from dtask.worker.task_table import MASTER, MASTERS, PICKUP
 
 PER_MESSAGE = 50  # runs of a bulk submit in one dtask.masters message, at most
 
@@ -109,3 +109,40 @@ def _messages(
                 ids = [m.run_id for m in group]
                 shown = shown_runs(template, ids)
                 yield MASTERS, (template, priority, ids), shown, priority, 0.0, template
+
+
+ASKED_FOR = 5.0  # seconds a pickup's ask lives without its task: a lost message's bound
+MOST_PICKED = 500  # runs one pickup reads at most; a full read asks for another
+
+
+def _ask_key() -> str:
+    return f"{DEFAULT_QUEUE}.pickup"
+
+
+def ask_pickup(priority: int) -> None:
+    """After a submit's commit: a ``dtask.pickup`` of its run (dtask/worker/pickup.py) at its
+    ``priority``, unless one is asked for already. BrokerUnavailable where Redis cannot be
+    reached."""
+    app = configure()
+    try:
+        with app.producer_or_acquire(None) as producer:
+            asked = producer.channel.client.set(_ask_key(), 1, nx=True, px=int(ASKED_FOR * 1000))
+            if asked:
+                app.send_task(
+                    PICKUP,
+                    queue=DEFAULT_QUEUE,
+                    producer=producer,
+                    ignore_result=True,
+                    priority=broker_priority(priority, 1),
+                )
+    except Exception as exc:
+        raise BrokerUnavailable(
+            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
+            " (is it running? set DTASK_BROKER_URL)"
+        ) from None
+
+
+def forget_ask() -> None:
+    """A pickup's task forgets the ask before it reads the runs waiting."""
+    with configure().producer_or_acquire(None) as producer:
+        producer.channel.client.delete(_ask_key())

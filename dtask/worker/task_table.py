@@ -14,6 +14,7 @@ from celery import Celery
 
 MASTER = "dtask.master"
 MASTERS = "dtask.masters"  # the masters of several runs of one template (a bulk submit)
+PICKUP = "dtask.pickup"  # the masters of the runs single submits left to a pickup
 CHILD = "dtask.child"
 CHILDREN = "dtask.children"  # several short children of one run in one message
 FINALIZE = "dtask.finalize"
@@ -41,6 +42,7 @@ ENTRIES: dict[str, Entry] = {
         {"bind": True, "max_retries": None, "track_started": False, "ignore_result": True},
     ),
     FINALIZE: Entry(_TASKS, {"ignore_result": True}),
+    PICKUP: Entry("dtask.worker.pickup", {"ignore_result": True}),
     CHILDREN: Entry(
         "dtask.worker.batch",
         {"bind": True, "max_retries": None, "track_started": False, "ignore_result": True},

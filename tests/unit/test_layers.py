@@ -111,5 +111,5 @@ def test_adopting_an_app_loads_none_of_what_only_workers_need() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.splitlines()
     assert out[0] == "[]"
-    tasks = ["chains", "child", "children", "finalize", "master", "masters", "submit"]
+    tasks = ["chains", "child", "children", "finalize", "master", "masters", "pickup", "submit"]
     assert out[1] == repr([f"dtask.{name}" for name in tasks])
