@@ -206,10 +206,13 @@ class InlineStore:
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT id, template, variables, max_attempts, queue, state,"
-                    " coalesce(start_after, now()) <= now() AS due FROM dtask_runs"
-                    f" WHERE (id = ANY(:ids) OR id IN ({_SIBLINGS}))"
-                    " AND pg_try_advisory_xact_lock(:ns, CAST(id & 2147483647 AS int))"
+                    # the runs first, then their locks: a lock in the same WHERE could be
+                    # tried on rows a sequential scan reads before the ids filter them out
+                    "WITH r AS MATERIALIZED (SELECT id, template, variables, max_attempts,"
+                    " queue, state, coalesce(start_after, now()) <= now() AS due"
+                    f" FROM dtask_runs WHERE id = ANY(:ids) OR id IN ({_SIBLINGS}))"
+                    " SELECT * FROM r"
+                    " WHERE pg_try_advisory_xact_lock(:ns, CAST(id & 2147483647 AS int))"
                 ),
                 {"ids": run_ids, "first": run_ids[0], "n": siblings, "ns": RUN_LOCKS},
             ).all()
