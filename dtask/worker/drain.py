@@ -44,13 +44,13 @@ from celery.worker.control import control_command
 
 from dtask.worker import scope
 from dtask.worker.app import current
-from dtask.worker.task_table import CHILD, CHILDREN, MASTER, MASTERS
+from dtask.worker.task_table import CHILD, CHILDREN, MASTER, MASTERS, PICKUP
 
 log = logging.getLogger("dtask.drain")
 
 DRAIN_COMMAND = "dtask_drain"
 # the tasks that run children: they arm
-HANDED_OVER = frozenset({MASTER, MASTERS, CHILD, CHILDREN})
+HANDED_OVER = frozenset({MASTER, MASTERS, PICKUP, CHILD, CHILDREN})
 DRAINING = threading.Event()  # this process got SIGTERM while it ran one of them
 # One byte the main process shares with every pool process it forks (an anonymous shared
 # mapping made at import, in the main process before its pool forks): 1 once it is stopping.
