@@ -17,7 +17,8 @@ from typing import Any
 
 import hypothesis
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
+from sqlalchemy.engine import Engine
 
 from dtask import services
 from dtask.services import embedded
@@ -101,6 +102,21 @@ def dtask_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 _started: list[bool] = []  # whether this process's session started the services
 NOBODY_LISTENS = "redis://127.0.0.1:9/0"  # a broker URL whose sends fail at once
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """Every statement this process sends to PostgreSQL while the test runs."""
+    sent: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", note)
+    try:
+        yield sent
+    finally:
+        event.remove(Engine, "before_cursor_execute", note)
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ pytestmark = pytest.mark.acceptance
 
 
 def received(workers: list[WorkerProcess]) -> Counter[str]:
-    """Celery's "Task <name>[id] received" lines of dtask's masters, by task name."""
+    """Celery's "Task <name>[id] received" lines of dtask's tasks, by task name."""
     logs = "".join(w.output() for w in workers)
-    return Counter(re.findall(r"Task (dtask\.masters?)\[[^\]]+\] received", logs))
+    return Counter(re.findall(r"Task (dtask\.\w+)\[[^\]]+\] received", logs))
 
 
 def finished(ids: list[int]) -> dict[str, int]:

@@ -5,7 +5,6 @@ next one."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -15,19 +14,13 @@ import pytest
 import dtask
 from dtask.worker import configure
 from dtask.worker.config import DEFAULT_QUEUE
-from tests.acceptance.test_bulk_masters import finished, ran
+from tests.acceptance.test_bulk_masters import finished, ran, received
 from tests.conftest import WorkerProcess
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
 
 ONE = {"n": 1, "fail_every": 0}
-
-
-def received(workers: list[WorkerProcess]) -> Counter[str]:
-    """Celery's "Task <name>[id] received" lines of dtask's tasks, by task name."""
-    logs = "".join(w.output() for w in workers)
-    return Counter(re.findall(r"Task (dtask\.\w+)\[[^\]]+\] received", logs))
 
 
 @pytest.fixture(autouse=True)

@@ -9,13 +9,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from dtask import services
 from dtask.db import Store
@@ -31,21 +28,6 @@ def store(dtask_env: dict[str, str]) -> Store:
 
     configure()  # what a worker does first: its broker and backend, the templates ("tiny")
     return services.store()
-
-
-@pytest.fixture
-def statements() -> Iterator[list[str]]:
-    """Every statement this process sends to PostgreSQL while the test runs."""
-    sent: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(Engine, "before_cursor_execute", note)
-    try:
-        yield sent
-    finally:
-        event.remove(Engine, "before_cursor_execute", note)
 
 
 def split(store: Store, n: int) -> tuple[int, list[list[Any]]]:

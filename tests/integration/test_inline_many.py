@@ -5,13 +5,11 @@ written in one. Run in this process on the real PostgreSQL, whose statements the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import text
 
 from dtask import services
 from dtask.db import Finished, Store
@@ -33,20 +31,6 @@ def store(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Store:
     # this process has seen tiny's children take a millisecond: a message runs all its runs
     monkeypatch.setitem(inline_runs._child_seconds, "tiny", 0.001)
     return services.store()
-
-
-@pytest.fixture
-def statements() -> Iterator[list[str]]:
-    sent: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        sent.append(statement)
-
-    event.listen(Engine, "before_cursor_execute", note)
-    try:
-        yield sent
-    finally:
-        event.remove(Engine, "before_cursor_execute", note)
 
 
 def create(store: Store, variables: dict[str, Any] = ONE, **options: Any) -> int:
