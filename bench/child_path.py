@@ -35,7 +35,7 @@ def main() -> int:
     store = services.store()
     try:
         run_id, _ = store.runs.create(NewRun("bench_noop", "child-path", {"n": args.n}, 3, None))
-        store.runs.split(run_id, lambda r: registry.get(r.template).plan(r.variables, args.n))
+        store.runs.split(run_id, lambda r, _: registry.get(r.template).plan(r.variables, args.n))
         store.runs.dispatch(run_id, lambda run, children: None)  # no broker: call the task body
 
         group = store.runs.get(run_id).group_id
