@@ -93,13 +93,14 @@ $(BENCH_STAMP): $(STAMP)
 
 # Not part of `make test`: about 18 minutes (the peers take most of it). bench.peers: dtask,
 # stock Celery, Celery chunks(100), Dramatiq and Procrastinate side by side (10,000 and 100,000
-# children); 3,000 small runs; a minute of submits at twice the capacity (bench.overload); latency while a
-# 100,000-child run is busy; a straggler with and without stealing (docs/elastic.md); then bench.run (cost per child, latency, failover, profile).
+# children); 3,000 small runs; a minute of submits at twice the capacity (bench.overload, runs of
+# a 1-ms child on 2 processes, then of a 50-ms child on 4); latency while a 100,000-child run is busy; a straggler with and without stealing (docs/elastic.md); then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench.peers
 	$(BIN)/python -m bench.small_runs --runs 3000
 	$(BIN)/python -m bench.overload
+	$(BIN)/python -m bench.overload --child-ms 50 --concurrency 4
 	$(BIN)/python -m bench.busy_latency
 	$(BIN)/python -m bench.elastic
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -5,11 +5,14 @@ time, how long it takes to drain, and every submit's latency and outcome (create
 
     python -m bench.overload [--seconds 60] [--factor 2] [--submitters 4] [--backlog 10]
 
-The capacity is measured first on the same workers: 2,000 one-child runs (``bench_one``, a
-1-ms child) submitted at once by ``submit_many``, completions per second between the 10th and
-the 90th percentile of their finish times. Each submitter is open-loop: its submit i is due at
-start + i / rate, and a late one goes at once (its latency is the call's own). Writes
-bench/out/overload.json and docs/benchmarks/overload.png.
+The capacity is measured first on the same workers: the submitters submit one-child runs
+(``bench_one``, a 1-ms child, or ``bench_sleep`` for ``--child-ms``) as fast as they can for
+8 s (2 s for children of 4 ms or more) while the workers are frozen, then the workers drain
+them alone: completions per second between the 10th and the 90th percentile of
+their finish times. The submitters run with DTASK_PICKUP=1 unless ``--pickup 0``. Each
+submitter is open-loop: its submit i is due at start + i / rate, and a late one goes at once
+(its latency is the call's own). Writes bench/out/overload.json and
+docs/benchmarks/overload.png (``overload-20ms.*`` for ``--child-ms 20``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,13 +37,21 @@ WINDOW = 5.0  # seconds per goodput window
 UNFINISHED = "state IN ('waiting', 'pending', 'splitting', 'running')"
 
 
-def submitter(rate: float, seconds: float) -> None:
+def _run_of(child_ms: float) -> tuple[str, dict[str, Any]]:
+    """The template and variables of a one-child run of ``child_ms``."""
+    if child_ms == 1:
+        return "bench_one", {}
+    return "bench_sleep", {"n": 1, "delay": child_ms / 1000}
+
+
+def submitter(rate: float, seconds: float, child_ms: float) -> None:
     """In a submitter process: warm up, say "ready", read the common start (epoch seconds)
     on stdin, submit ``rate`` runs a second until ``seconds`` after it; print one JSON line."""
     import dtask
     from dtask.exceptions import Busy, DtaskError
 
-    dtask.submit("bench_one", {}).wait(timeout=60)
+    template, variables = _run_of(child_ms)
+    dtask.submit(template, variables).wait(timeout=60)
     print("ready", flush=True)
     start = float(sys.stdin.readline())
     cpu, end = _cpu(), start + seconds
@@ -50,7 +62,7 @@ def submitter(rate: float, seconds: float) -> None:
             time.sleep(due - time.time())
         sent, began = time.time(), time.perf_counter()
         try:
-            dtask.submit("bench_one", {})
+            dtask.submit(template, variables)
             outcome = "created"
         except Busy:
             outcome = "busy"
@@ -102,9 +114,12 @@ def _drain(engine: Any, base: int, bound: float) -> float:
     return time.monotonic() - began
 
 
-def _submitters(count: int, rate: float, seconds: float, cap: int | None) -> list[Any]:
+def _submitters(
+    count: int, rate: float, seconds: float, cap: int | None, child_ms: float
+) -> list[Any]:
     env = {**os.environ, **({"DTASK_MAX_BACKLOG": str(cap)} if cap else {})}
-    argv = [sys.executable, "-m", "bench.overload", "--submitter", str(rate / count)]
+    argv = [sys.executable, "-m", "bench.overload", "--submitter", str(rate / count),
+            "--child-ms", str(child_ms)]  # fmt: skip
     procs = [
         subprocess.Popen(
             [*argv, "--seconds", str(seconds)],
@@ -133,16 +148,24 @@ def _release(procs: list[Any], start: float, bound: float) -> tuple[list[list[An
     return [e for r in reports for e in r["events"]], sum(r["cpu"] for r in reports)
 
 
-def capacity(engine: Any, submitters: int, seconds: float = 8.0) -> float:
+def capacity(engine: Any, submitters: int, workers: list[Any], child_ms: float) -> float:
     """Completions per second of the workers draining a queue of runs submitted one by one
-    (as the load is), after the submitters stopped: the workers alone on the machine."""
-    procs = _submitters(submitters, 1e9, seconds, None)  # as fast as each can
+    (as the load is), after the submitters stopped: the workers alone on the machine. The
+    workers are frozen (SIGSTOP) while the queue fills, or they would keep up with it."""
+    seconds = max(2.0, 8.0 / child_ms)  # a queue of a few seconds' work, or more
+    procs = _submitters(submitters, 1e9, seconds, None, child_ms)  # as fast as each can
     base = _last_id(engine)
     start = time.time() + 0.5
-    _release(procs, start, seconds + 600)
-    ended = time.time()
+    for proc in workers:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        _release(procs, start, seconds + 600)
+    finally:
+        for proc in workers:
+            os.killpg(proc.pid, signal.SIGCONT)
+    thawed = time.time()
     _drain(engine, base, 600)
-    done = [t for t in _finished_at(engine, base) if t > ended]
+    done = [t for t in _finished_at(engine, base) if t > thawed]
     if len(done) < 100:
         raise RuntimeError(f"only {len(done)} runs left to drain: raise the seconds")
     lo, hi = len(done) // 10, 9 * len(done) // 10
@@ -150,7 +173,12 @@ def capacity(engine: Any, submitters: int, seconds: float = 8.0) -> float:
 
 
 def overload(
-    seconds: float, factor: float, submitters: int, backlog_seconds: float, concurrency: int
+    seconds: float,
+    factor: float,
+    submitters: int,
+    backlog_seconds: float,
+    concurrency: int,
+    child_ms: float,
 ) -> dict[str, Any]:
     work = prepare_environment()
     from dtask import services
@@ -161,11 +189,11 @@ def overload(
     workers = Workers(work)
     try:
         workers.ready(workers.dtask(concurrency))
-        found = capacity(engine, submitters)
+        found = capacity(engine, submitters, workers.procs, child_ms)
         rate, cap = factor * found, int(backlog_seconds * found)
         print(f"capacity {found:.0f} runs/s; submitting {rate:.0f}/s for {seconds:g} s,"
               f" DTASK_MAX_BACKLOG {cap}", flush=True)  # fmt: skip
-        procs = _submitters(submitters, rate, seconds, cap)  # each waited for its warm-up
+        procs = _submitters(submitters, rate, seconds, cap, child_ms)  # each warmed up
         base = _last_id(engine)
         start = time.time() + 0.5
         backlog: list[tuple[float, int]] = []
@@ -189,6 +217,7 @@ def overload(
         embedded.stop(work / "home")
     out = _summary(found, rate, cap, seconds, events, finished, backlog, drained)
     out["submitters_cpu_share"] = cpu / seconds / (os.cpu_count() or 1)
+    out["child_ms"], out["concurrency"] = child_ms, concurrency
     return out
 
 
@@ -280,13 +309,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def markdown(r: dict[str, Any], submitters: int) -> str:
     drain = r["drain_per_s"]
+    flags = "" if r["child_ms"] == 1 else f" --child-ms {r['child_ms']:g}"
+    flags += "" if r["concurrency"] == 2 else f" --concurrency {r['concurrency']}"
     return "\n".join(
         [
-            f"`python -m bench.overload --seconds {r['seconds']:g}`: {submitters} processes"
-            f" offer {r['offered_per_s']:.0f} one-child runs a second (`dtask.submit`, open"
-            f" loop) for {r['seconds']:g} s to workers that finish {r['capacity_per_s']:.0f} a"
-            " second (measured first: how fast they drain runs submitted one by one, with no"
-            " submitter running), with `DTASK_MAX_BACKLOG`"
+            f"`python -m bench.overload --seconds {r['seconds']:g}{flags}`: {submitters}"
+            f" processes offer {r['offered_per_s']:.0f} runs a second of one {r['child_ms']:g}-ms"
+            f" child (`dtask.submit`, open loop) for {r['seconds']:g} s to {r['concurrency']}"
+            f" worker processes that finish {r['capacity_per_s']:.0f} a second (measured first:"
+            " how fast they drain runs submitted one by one, with no submitter running), with"
+            " `DTASK_MAX_BACKLOG`"
             f" {r['max_backlog']:,} ({r['max_backlog'] / r['capacity_per_s']:.0f} s of work).",
             "",
             "| | |",
@@ -306,9 +338,14 @@ def markdown(r: dict[str, Any], submitters: int) -> str:
             "",
             "Goodput per window: " + ", ".join(f"{g:.0%}" for g in r["goodput_by_window"]) + ".",
             "",
-            "![overload](benchmarks/overload.png)",
+            f"![overload](benchmarks/{name(r['child_ms'])}.png)",
         ]
     )
+
+
+def name(child_ms: float) -> str:
+    """The file name, without its suffix, of the results and plot of runs of ``child_ms``."""
+    return "overload" if child_ms == 1 else f"overload-{child_ms:g}ms"
 
 
 def main() -> int:
@@ -318,20 +355,25 @@ def main() -> int:
     parser.add_argument("--submitters", type=int, default=4)
     parser.add_argument("--backlog", type=float, default=10.0, help="cap, in seconds of work")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--child-ms", type=float, default=1.0, help="each run's one child")
+    parser.add_argument("--pickup", choices=("0", "1"), default="1", help="DTASK_PICKUP")
     parser.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    os.environ["DTASK_PICKUP"] = args.pickup  # the submitter processes inherit it
     if args.submitter is not None:
-        submitter(args.submitter, args.seconds)
+        submitter(args.submitter, args.seconds, args.child_ms)
         return 0
     began = time.monotonic()
-    result = overload(args.seconds, args.factor, args.submitters, args.backlog, args.concurrency)
+    result = overload(
+        args.seconds, args.factor, args.submitters, args.backlog, args.concurrency, args.child_ms
+    )
     result["wall"] = time.monotonic() - began
     result["markdown"] = markdown(result, args.submitters)
     OUT.mkdir(exist_ok=True)
-    (OUT / "overload.json").write_text(json.dumps(result))
+    (OUT / f"{name(args.child_ms)}.json").write_text(json.dumps(result))
     from bench.report import PLOTS
 
-    plot(result, PLOTS / "overload.png")
+    plot(result, PLOTS / f"{name(args.child_ms)}.png")
     print(result["markdown"])
     return 0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import Connection, Row
@@ -103,10 +103,13 @@ class Created:
     priority: int
 
 
+_FIELDS = tuple(f.name for f in fields(NewRun))
+
+
 def params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
     assert run.tier is not None and run.priority is not None, "a run charged to its client"
     return {
-        **asdict(run),
+        **{name: getattr(run, name) for name in _FIELDS},  # asdict's deep copy took 20 us
         "variables": json.dumps(run.variables),
         "on_late": run.on_late.value,
         "tier": run.tier.value,
