@@ -11,11 +11,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sqlalchemy import Connection, Row
-from sqlalchemy.exc import OperationalError
 
 from dtask.db import counters, deps
 from dtask.db.clients import check_rates, lock_client
-from dtask.db.database import Database, sql
+from dtask.db.database import Database, first_row, sql
 from dtask.db.run_reads import RunReads
 from dtask.domain.clients import DEFAULT_CLIENT, Client
 from dtask.domain.runs import NewRun, RunState
@@ -236,17 +235,12 @@ class RunInserts(RunReads):
             "client_absent": client == Client(DEFAULT_CLIENT),
         }
         with self.db.owner() as conn:
-            try:
-                row = conn.execute(_INSERT_UNLIMITED, values).first()
-            except OperationalError as exc:
-                if not exc.connection_invalidated:
-                    raise
-                return None  # a dead idle connection: had the insert committed, the full
-                # path finds its key
-        if row is None:
+            row = first_row(conn, _INSERT_UNLIMITED, values)
+        if row is None:  # or it failed: had the insert committed, the full path finds its key
             self._unlimited.pop(client.name, None)  # read it again, in case it changed
             return None
-        return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
+        run_id, _, state, priority, starts_in = row
+        return Created(int(run_id), True, RunState(state), float(starts_in), priority)
 
     def _remember(self, client: Client, present: bool) -> None:
         unlimited = client.rate is None and client.child_rate is None
