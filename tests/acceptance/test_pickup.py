@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 import dtask
+from dtask import services
+from dtask.domain.runs import RunState
 from dtask.worker import configure
 from dtask.worker.config import DEFAULT_QUEUE
 from tests.acceptance.test_bulk_masters import finished, ran, received
+from tests.acceptance.test_celery_app import CeleryWorker, in_project, numbers, project_env
+from tests.acceptance.test_celery_app import finished as host_finished
 from tests.conftest import WorkerProcess
 from tests.support.db import wait_for
 
@@ -59,5 +63,27 @@ def test_runs_whose_pickup_was_lost_start_with_the_next_one(
         wait_for(lambda: finished(ids).get("succeeded") == 6, 60, "the 6 runs to succeed")
         assert ran(sink, ids) == Counter(dict.fromkeys(ids, 1))
         assert received([worker])["dtask.master"] == 0
+    finally:
+        worker.stop()
+
+
+def test_a_host_apps_plain_worker_picks_up_the_runs_its_web_process_submitted(
+    dtask_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The Django-shaped project (tests/celery_project): `celery -A proj worker` with no -Q,
+    and runs submitted with ``.delay()`` by another process of the project."""
+    env = {**project_env(dtask_env, tmp_path, None, 10), "DTASK_PICKUP": "1"}
+    worker = CeleryWorker(env, tmp_path / "host.log", "-c", "2").wait_ready()
+    try:
+        code = (
+            "from proj.tasks import proj_range\n"
+            "print(' '.join(str(proj_range.delay(n=1, delay=0).id) for _ in range(100)))"
+        )
+        ids = [int(i) for i in in_project(env, code).split()]
+        wait_for(lambda: all(host_finished(i) for i in ids), 120, "100 runs to finish")
+        assert {services.store().runs.status(i).state for i in ids} == {RunState.SUCCEEDED}
+        assert all(numbers(tmp_path, i) == [1] for i in ids)  # each child ran once
+        assert "picked up" in worker.output()
+        assert "Received unregistered task" not in worker.output()
     finally:
         worker.stop()
