@@ -179,8 +179,9 @@ def overload(
     backlog_seconds: float,
     concurrency: int,
     child_ms: float,
+    pickup: str,
 ) -> dict[str, Any]:
-    work = prepare_environment()
+    work = prepare_environment(DTASK_PICKUP=pickup)  # the submitters inherit it
     from dtask import services
     from dtask.services import embedded
 
@@ -217,7 +218,7 @@ def overload(
         embedded.stop(work / "home")
     out = _summary(found, rate, cap, seconds, events, finished, backlog, drained)
     out["submitters_cpu_share"] = cpu / seconds / (os.cpu_count() or 1)
-    out["child_ms"], out["concurrency"] = child_ms, concurrency
+    out["child_ms"], out["concurrency"], out["pickup"] = child_ms, concurrency, pickup
     return out
 
 
@@ -359,13 +360,18 @@ def main() -> int:
     parser.add_argument("--pickup", choices=("0", "1"), default="0", help="DTASK_PICKUP")
     parser.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.environ["DTASK_PICKUP"] = args.pickup  # the submitter processes inherit it
     if args.submitter is not None:
         submitter(args.submitter, args.seconds, args.child_ms)
         return 0
     began = time.monotonic()
     result = overload(
-        args.seconds, args.factor, args.submitters, args.backlog, args.concurrency, args.child_ms
+        args.seconds,
+        args.factor,
+        args.submitters,
+        args.backlog,
+        args.concurrency,
+        args.child_ms,
+        args.pickup,
     )
     result["wall"] = time.monotonic() - began
     result["markdown"] = markdown(result, args.submitters)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -257,18 +256,27 @@ def small_runs(
     concurrency: int = 2,
     system: str = "all",
     dispatch: str = "window",
+    pickup: str = "0",
 ) -> dict[str, Any]:
     """A fresh cluster, then each side once (dtask, dtask's bulk submit, Celery); the ratios
     runs/s over tasks/s. ``system``: all, or one of dtask, bulk, celery. ``dispatch``:
-    DTASK_DISPATCH of the dtask worker (window, as shipped, or all)."""
-    work = prepare_environment(DTASK_BENCH_RAW="stock", DTASK_DISPATCH=dispatch)
+    DTASK_DISPATCH of the dtask worker (window, as shipped, or all); ``pickup``: DTASK_PICKUP
+    of the submitters."""
+    work = prepare_environment(
+        DTASK_BENCH_RAW="stock", DTASK_DISPATCH=dispatch, DTASK_PICKUP=pickup
+    )
     from dtask import services
     from dtask.services import embedded
 
     services.ensure_broker()
     engine = services.store().engine
     workers = Workers(work)
-    result: dict[str, Any] = {"runs": runs, "submitters": submitters, "dispatch": dispatch}
+    result: dict[str, Any] = {
+        "runs": runs,
+        "submitters": submitters,
+        "dispatch": dispatch,
+        "pickup": pickup,
+    }
     try:
         roles = {}
         sides = ("dtask", "bulk", "celery") if system == "all" else (system,)
@@ -343,12 +351,13 @@ def main() -> int:
     )
     parser.add_argument("--submitter", choices=["dtask", "bulk", "celery"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    os.environ["DTASK_PICKUP"] = args.pickup  # the submitter processes inherit it
     if args.submitter:  # one of the submitter processes this module starts
         submitter(args.submitter, args.runs)
         return 0
     began = time.monotonic()
-    result = small_runs(args.runs, args.submitters, args.concurrency, args.system, args.dispatch)
+    result = small_runs(
+        args.runs, args.submitters, args.concurrency, args.system, args.dispatch, args.pickup
+    )
     print(json.dumps(result, default=str))
     if args.system == "all":
         save(result, time.monotonic() - began)
