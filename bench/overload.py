@@ -9,7 +9,7 @@ The capacity is measured first on the same workers: the submitters submit one-ch
 (``bench_one``, a 1-ms child, or ``bench_sleep`` for ``--child-ms``) as fast as they can for
 8 s (2 s for children of 4 ms or more) while the workers are frozen, then the workers drain
 them alone: completions per second between the 10th and the 90th percentile of their finish
-times. The submitters run with DTASK_PICKUP=0, as shipped, unless ``--pickup 1``. Each
+times. The submitters run with DTASK_PICKUP=1, as shipped, unless ``--pickup 0``. Each
 submitter is open-loop: its submit i is due at start + i / rate, and a late one goes at once
 (its latency is the call's own). Writes bench/out/overload.json and
 docs/benchmarks/overload.png (``overload-50ms.*`` for ``--child-ms 50``).
@@ -357,7 +357,7 @@ def main() -> int:
     parser.add_argument("--backlog", type=float, default=10.0, help="cap, in seconds of work")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--child-ms", type=float, default=1.0, help="each run's one child")
-    parser.add_argument("--pickup", choices=("0", "1"), default="0", help="DTASK_PICKUP")
+    parser.add_argument("--pickup", choices=("0", "1"), default="1", help="DTASK_PICKUP")
     parser.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.submitter is not None:

@@ -5,7 +5,7 @@ each (``dtask worker -c 2``, ``celery worker -c 2``), on the same embedded Postg
 Redis; the other system's worker stays up, idle.
 
     .venv/bin/python -m bench.small_runs [--runs 10000] [--submitters 4] [--system all]
-                                         [--pickup 0]
+                                         [--pickup 1]
 
 dtask: runs/s = runs / (the latest run's ``finished_at`` - the first submit call's start).
 Stock Celery: tasks/s = tasks / (the latest result's ``date_done`` - the first ``.delay()``'s
@@ -256,7 +256,7 @@ def small_runs(
     concurrency: int = 2,
     system: str = "all",
     dispatch: str = "window",
-    pickup: str = "0",
+    pickup: str = "1",
 ) -> dict[str, Any]:
     """A fresh cluster, then each side once (dtask, dtask's bulk submit, Celery); the ratios
     runs/s over tasks/s. ``system``: all, or one of dtask, bulk, celery. ``dispatch``:
@@ -346,8 +346,8 @@ def main() -> int:
     parser.add_argument(
         "--pickup",
         choices=["0", "1"],
-        default="0",
-        help="DTASK_PICKUP of the dtask submitters (default 0, as shipped)",
+        default="1",
+        help="DTASK_PICKUP of the dtask submitters (default 1, as shipped)",
     )
     parser.add_argument("--submitter", choices=["dtask", "bulk", "celery"], help=argparse.SUPPRESS)
     args = parser.parse_args()

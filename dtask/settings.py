@@ -470,14 +470,15 @@ class Settings(BaseSettings):
     )
     # a burst of single submits shares its masters' messages (dtask/worker/pickup.py)
     pickup: bool = Field(
-        False,
+        True,
         description=(
-            "`1`, where the broker is Redis: a submitted run due now (no countdown, eta or "
-            "upstream) waits for a pickup instead of sending its own master message; a "
+            "where the broker is Redis, a submitted run due now (no countdown, eta or "
+            "upstream) waits for a pickup instead of sending its own master message: a "
             "`dtask.pickup` task takes the runs waiting, so a burst of submits costs a few "
-            'messages and their runs share their writes (docs/benchmarks.md, "many small '
-            'runs"). Flower then shows their `dtask.pickup` and `dtask.masters` tasks, not a '
-            "`dtask.master` task per run"
+            "messages and its runs share their writes (about twice the runs a second: "
+            'docs/benchmarks.md, "many small runs"). Flower then shows `dtask.pickup` and '
+            "`dtask.masters` tasks, not a `dtask.master` task per run; `0`: one master "
+            "message per run"
         ),
     )
     # dtask's beat also sends the app's own beat_schedule entries (off: another beat does,

@@ -52,7 +52,10 @@ def pickup() -> None:
         here: list[Master] = []
         others: list[Master] = []
         for (template, priority), runs in groupby(picked, key=lambda r: (r[1], r[2])):
-            masters = [Master(run_id, template, priority) for run_id, _, _ in runs]
+            masters = [
+                Master(run_id, template, priority, shown=f"{template} run {run_id} picked up")
+                for run_id, _, _ in runs
+            ]
             seen = child_seconds(template)
             if not here and seen is not None and together(template) and not drain.draining():
                 here, masters = masters[: batch_size(seen)], masters[batch_size(seen) :]

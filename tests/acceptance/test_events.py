@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -46,8 +47,11 @@ class Listener(threading.Thread):
 
 
 def test_task_events_go_out_a_batch_at_a_time_and_none_is_lost(
-    dtask_env: dict[str, str], workers: list[WorkerProcess]
+    dtask_env: dict[str, str],
+    workers: list[WorkerProcess],
+    settings_from: Callable[[dict[str, str]], None],
 ) -> None:
+    settings_from({"DTASK_PICKUP": "0"})  # a master task per run: the events to count
     url = services.ensure_broker().broker_url
     if not url.startswith(("redis://", "rediss://", "redis+socket://", "unix://")):
         pytest.skip(f"reads events from Redis pub/sub; the broker is {url.split(':')[0]}")
