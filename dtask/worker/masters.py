@@ -12,11 +12,16 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from dtask.exceptions import BrokerUnavailable
-from dtask.settings import is_redis, mask
+from dtask.settings import is_redis
 from dtask.worker.app import configure
 from dtask.worker.config import DEFAULT_QUEUE
-from dtask.worker.messages import PUBLISH_BATCH, TEMPLATE_HEADER, broker_priority, pipelined
+from dtask.worker.messages import (
+    PUBLISH_BATCH,
+    TEMPLATE_HEADER,
+    broker_priority,
+    broker_unreachable,
+    pipelined,
+)
 from dtask.worker.task_table import MASTER, MASTERS, PICKUP
 
 PER_MESSAGE = 50  # runs of a bulk submit in one dtask.masters message, at most
@@ -82,10 +87,7 @@ def send_masters(masters: Iterable[Master], per_message: int = 1) -> int:
                 )  # fmt: skip
                 sent += 1
     except Exception as exc:
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
-            " (is it running? set DTASK_BROKER_URL)"
-        ) from None
+        raise broker_unreachable(app, exc) from None
     return sent
 
 
@@ -136,10 +138,7 @@ def ask_pickup(priority: int) -> None:
                     priority=broker_priority(priority, 1),
                 )
     except Exception as exc:
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
-            " (is it running? set DTASK_BROKER_URL)"
-        ) from None
+        raise broker_unreachable(app, exc) from None
 
 
 def forget_ask() -> None:

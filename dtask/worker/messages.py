@@ -113,10 +113,15 @@ def send_master(
         except Exception:  # failed at the flush, past the publish's retries: send it as
             send(producer=through)  # Celery does (a duplicate master is harmless)
     except Exception as exc:
-        raise BrokerUnavailable(
-            f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
-            " (is it running? set DTASK_BROKER_URL)"
-        ) from None
+        raise broker_unreachable(app, exc) from None
+
+
+def broker_unreachable(app: celery.Celery, exc: Exception) -> BrokerUnavailable:
+    """The one-line error of a message the broker did not take."""
+    return BrokerUnavailable(
+        f"cannot reach the broker at {mask(str(app.conf.broker_url))}: {exc}"
+        " (is it running? set DTASK_BROKER_URL)"
+    )
 
 
 def send_finalize(run_id: int, through: Any = None) -> None:

@@ -58,7 +58,8 @@ def pickup() -> None:
             ]
             seen = child_seconds(template)
             if not here and seen is not None and together(template) and not drain.draining():
-                here, masters = masters[: batch_size(seen)], masters[batch_size(seen) :]
+                fits = batch_size(seen)
+                here, masters = masters[:fits], masters[fits:]
             others.extend(masters)
         send_masters(others, PER_MESSAGE)
         left = set(run_many(services.store(), [m.run_id for m in here])) if here else set()

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,17 +45,30 @@ def ran(sink: Path, ids: list[int]) -> Counter[int]:
     return Counter({i: len(p.read_text().splitlines()) for i, p in paths.items() if p.exists()})
 
 
+def messages_to_run_once(
+    workers: list[WorkerProcess], sink: Path, submit: Callable[[], list[int]], bound: float
+) -> Counter[str]:
+    """The dtask messages the workers received while the runs ``submit`` made (one ``tiny``
+    child each) succeeded, each child having run once."""
+    before = received(workers)
+    ids = submit()
+    wait_for(lambda: finished(ids).get("succeeded") == len(ids), bound, "the runs to succeed")
+    assert ran(sink, ids) == Counter(dict.fromkeys(ids, 1))
+    return received(workers) - before
+
+
 def test_a_bulk_submit_s_short_runs_share_master_messages_and_each_runs_once(
     workers: list[WorkerProcess], sink: Path
 ) -> None:
     dtask.submit("tiny", {"n": 1, "fail_every": 0}).wait(timeout=60)  # the template is seen
-    before = received(workers)
-    found = dtask.submit_many("tiny", [{"n": 1, "fail_every": 0}] * 600)
-    ids = [s.run_id for s in found if s.run_id is not None]
-    assert len(ids) == 600
-    wait_for(lambda: finished(ids).get("succeeded") == 600, 180, "600 runs to succeed")
-    assert ran(sink, ids) == Counter(dict.fromkeys(ids, 1))
-    sent = received(workers) - before
+
+    def submit() -> list[int]:
+        found = dtask.submit_many("tiny", [{"n": 1, "fail_every": 0}] * 600)
+        ids = [s.run_id for s in found if s.run_id is not None]
+        assert len(ids) == 600
+        return ids
+
+    sent = messages_to_run_once(workers, sink, submit, 180)
     print(f"\n600 bulk runs: {sent['dtask.masters']} dtask.masters messages")
     assert sent["dtask.masters"] > 0, sent
     # sent back tails count too; one message per run would be 600

@@ -16,7 +16,7 @@ from dtask import services
 from dtask.domain.runs import RunState
 from dtask.worker import configure
 from dtask.worker.config import DEFAULT_QUEUE
-from tests.acceptance.test_bulk_masters import finished, ran, received
+from tests.acceptance.test_bulk_masters import finished, messages_to_run_once, ran, received
 from tests.acceptance.test_celery_app import CeleryWorker, in_project, numbers, project_env
 from tests.acceptance.test_celery_app import finished as host_finished
 from tests.conftest import WorkerProcess
@@ -36,11 +36,8 @@ def test_single_submits_are_picked_up_several_runs_to_a_message(
     workers: list[WorkerProcess], sink: Path
 ) -> None:
     dtask.submit("tiny", ONE).wait(timeout=60)
-    before = received(workers)
-    ids = [dtask.submit("tiny", ONE).id for _ in range(300)]
-    wait_for(lambda: finished(ids).get("succeeded") == 300, 120, "300 runs to succeed")
-    assert ran(sink, ids) == Counter(dict.fromkeys(ids, 1))
-    sent = received(workers) - before
+    submit = lambda: [dtask.submit("tiny", ONE).id for _ in range(300)]  # noqa: E731
+    sent = messages_to_run_once(workers, sink, submit, 120)
     print(f"\n300 single submits: {dict(sent)}")
     # one submit after another, here: a pickup often finds one or two runs, sent as a
     # dtask.master message; under load it finds more (docs/benchmarks.md, "many small runs")
