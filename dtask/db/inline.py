@@ -13,7 +13,17 @@ from typing import Any
 from sqlalchemy import Connection
 
 from dtask.db import deps
-from dtask.db.children import BATCH_FINISH, FINISH, Claim, Finished, json_or_none, lease_lost
+from dtask.db.children import (
+    BATCH_FINISH,
+    BATCH_MATCH,
+    BATCH_VALUES,
+    FINISH,
+    Claim,
+    Finished,
+    batch_values,
+    json_or_none,
+    lease_lost,
+)
 from dtask.db.database import RUN_LOCKS, Database, sql
 from dtask.db.workers import LiveSlots, live_on
 from dtask.domain.runs import RunState
@@ -252,27 +262,15 @@ class InlineStore:
             )
             rows = conn.execute(
                 sql(
-                    "WITH v AS (SELECT * FROM unnest(CAST(:ids AS bigint[]),"
-                    "   CAST(:fences AS bigint[]), CAST(:cps AS text[]), CAST(:results AS text[]),"
-                    "   CAST(:counts AS int[]), CAST(:outputs AS text[]))"
-                    "   AS v(id, fence, cp, result, counts, output)),"
-                    f" child AS (UPDATE dtask_children c SET {BATCH_FINISH},"
-                    "   attempt = c.attempt + v.counts, updated_at = now()"
-                    "   FROM v WHERE c.id = v.id AND c.fence = v.fence AND c.state = 'running'"
-                    "   RETURNING c.run_id)"
+                    f"WITH {BATCH_VALUES},"
+                    f" child AS (UPDATE dtask_children c SET {BATCH_FINISH}, updated_at = now()"
+                    f"   FROM v WHERE {BATCH_MATCH} RETURNING c.run_id)"
                     " UPDATE dtask_runs SET state = 'succeeded', error = NULL, finished_at = now(),"
                     " result = NULL, updated_at = now() WHERE id IN (SELECT run_id FROM child)"
                     " AND state = 'running' AND child_total = 1"
                     " RETURNING id, chains IS NOT NULL AS chained"
                 ),
-                {
-                    "ids": [d.claim.child_id for _, d in done],
-                    "fences": [d.claim.fence for _, d in done],
-                    "cps": [json_or_none(d.checkpoint) for _, d in done],
-                    "results": [d.result for _, d in done],
-                    "counts": [d.claim.uncounted for _, d in done],
-                    "outputs": [d.output for _, d in done],
-                },
+                batch_values([d for _, d in done]),
             ).all()
             succeeded = sorted(int(r.id) for r in rows)
             released = deps.release(conn, deps.waiting_dependents(conn, succeeded))

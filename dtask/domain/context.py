@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -70,12 +71,6 @@ class ChildContext:
         self.index = index
         self.attempt = attempt
         self.template = template
-        self.log: logging.LoggerAdapter[logging.Logger] = _ChildLog(
-            logging.getLogger(f"dtask.template.{template or 'unknown'}"),
-            {"template": template, "run": run_id, "child": index},
-        )
-        """A logger named after the template (``dtask.template.<name>``) whose every line
-        names its template, run and child: ``ctx.log.info("row %s done", i)``."""
         self._state = checkpoint_state
         self._writer = writer
         self._interval = checkpoint_interval
@@ -94,6 +89,16 @@ class ChildContext:
         (e.g. ``ctx.state["total"]``). JSON values under string keys, within
         DTASK_MAX_CHECKPOINT with the offset; a resumed attempt starts with the state
         committed with the offset it resumes from."""
+
+    @functools.cached_property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger named after the template (``dtask.template.<name>``) whose every line
+        names its template, run and child: ``ctx.log.info("row %s done", i)``. Made when
+        first used: most short children never log."""
+        return _ChildLog(
+            logging.getLogger(f"dtask.template.{self.template or 'unknown'}"),
+            {"template": self.template, "run": self.run_id, "child": self.index},
+        )
 
     @property
     def checkpoint_state(self) -> Any:

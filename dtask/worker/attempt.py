@@ -54,7 +54,7 @@ class Attempt:
         self.delivery, self.store, self.claim, self.config = delivery, store, claim, config
         self.template = registry.get(delivery.template)
         cap = claim.execution_cap or self.template.options.execution_cap
-        self.cap = Cap(cap, f"{delivery} attempt {claim.attempt}")
+        self.cap = Cap(cap, delivery, claim.attempt)
         grace = config.execution_cap_grace
         self.beat = Heartbeat(
             lambda: delivery.renew(store, claim, config.lease_ttl),
@@ -211,16 +211,17 @@ class Attempt:
 class Cap:
     """An attempt's execution cap, counted from when this worker started the attempt."""
 
-    def __init__(self, seconds: float | None, what: str) -> None:
+    def __init__(self, seconds: float | None, delivery: Delivery, attempt: int) -> None:
         self.seconds = seconds
         self.deadline = math.inf if seconds is None else time.monotonic() + seconds
-        self._what = what
+        self._delivery, self._attempt = delivery, attempt
 
     def exceeded(self) -> bool:
         return time.monotonic() >= self.deadline
 
     def message(self) -> str:
-        return f"{self._what} exceeded its execution cap of {self.seconds:g} s"
+        what = f"{self._delivery} attempt {self._attempt}"
+        return f"{what} exceeded its execution cap of {self.seconds:g} s"
 
     def killed(self, grace: float) -> str:
         return f"{self.message()}; it did not stop within {grace:g} s and its process was killed"

@@ -16,6 +16,22 @@ from dtask.exceptions import DtaskError
 log = logging.getLogger("dtask.worker")
 
 
+class Flag:
+    """Set once by one thread, read by another; nothing ever waits on it. A threading.Event
+    (a lock and a condition) costs more to make than a short child's whole run."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class Heartbeat:
     """Renews a child's lease every ``interval`` seconds while the block runs.
 
@@ -51,8 +67,8 @@ class Heartbeat:
         self.name = name
         self.give_up_at = give_up_at if give_up is not None else math.inf
         self._give_up = give_up
-        self.lost = threading.Event()
-        self.stop_requested = threading.Event()
+        self.lost = Flag()
+        self.stop_requested = Flag()
         self.lease = lease
         self.renewed_at = time.monotonic() if since is None else since
         self.last_error: str | None = None

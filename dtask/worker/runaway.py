@@ -18,11 +18,17 @@ from collections.abc import Callable
 log = logging.getLogger("dtask.worker")
 
 
-def in_pool_process() -> bool:
-    from billiard.process import current_process
+_pool_process: tuple[int, bool] | None = None  # (pid, answer): a fork asks again
 
-    name: str = current_process().name
-    return name.startswith("ForkPoolWorker")
+
+def in_pool_process() -> bool:
+    global _pool_process
+    pid = os.getpid()
+    if _pool_process is None or _pool_process[0] != pid:
+        from billiard.process import current_process
+
+        _pool_process = (pid, current_process().name.startswith("ForkPoolWorker"))
+    return _pool_process[1]
 
 
 def kill_this_pool_process(why: str, record: Callable[[], object]) -> None:

@@ -57,3 +57,16 @@ def test_kwargsrepr_of_a_big_spec_is_cut_at_celerys_limit(dtask_env: dict[str, s
 
     shown = readable("t", 1, 0, {"blob": "x" * 60_000})
     assert len(shown["kwargsrepr"]) <= 1100 and shown["argsrepr"] == "t run 1 child 0"
+
+
+def test_kwargsrepr_of_a_message_of_many_children_shows_a_few_and_counts_the_rest(
+    dtask_env: dict[str, str],
+) -> None:
+    from dtask.db import Redispatch
+    from dtask.worker.messages import SPECS_SHOWN, readable_batch
+
+    group = [Redispatch(7, i, {"a": i, "blob": "x" * 50}, "t", "g", None) for i in range(400)]
+    shown = readable_batch(group)
+    assert shown["argsrepr"] == "t run 7 children 0-399"
+    assert shown["kwargsrepr"].endswith(f" and {400 - SPECS_SHOWN} more"), shown["kwargsrepr"]
+    assert "'a': 0" in shown["kwargsrepr"] and "'a': 399" not in shown["kwargsrepr"]
