@@ -9,6 +9,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from dtask.cli import celery_start
 from dtask.cli.base import EXIT_OK, port, processes
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
@@ -244,8 +245,8 @@ def _cmd_beat(args: argparse.Namespace) -> int:
 
     app = configure()
     services.store()  # fail now, in one line, if PostgreSQL is unreachable
-    app.start(["beat", "--scheduler=dtask.worker.beat:DatabaseScheduler", "--loglevel=INFO"])
-    return EXIT_OK
+    argv = ["--scheduler=dtask.worker.beat:DatabaseScheduler", "--loglevel=INFO"]
+    return celery_start.start(app, "beat", argv)
 
 
 def tiered(extra: Sequence[str]) -> tuple[Tier, list[str]]:
@@ -270,7 +271,7 @@ def tiered(extra: Sequence[str]) -> tuple[Tier, list[str]]:
 
 
 def worker_argv(extra: Sequence[str]) -> list[str]:
-    argv = ["worker", *extra]
+    argv = list(extra)
     if not any(a in ("-n", "--hostname") or a.startswith("--hostname=") for a in extra):
         argv += ["--hostname", f"dtask-{os.getpid()}@%h"]
     if not any(a in ("-l", "--loglevel") or a.startswith("--loglevel=") for a in extra):
@@ -291,5 +292,4 @@ def run_worker(extra: Sequence[str]) -> int:
         options = app.conf.broker_transport_options
         app.conf.broker_transport_options = {**options, "queue_order_strategy": "priority"}
     install_worker_side()
-    app.worker_main(worker_argv(extra))
-    return EXIT_OK
+    return celery_start.start(app, "worker", worker_argv(extra))

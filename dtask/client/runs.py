@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
+from types import ModuleType
 from typing import Any, Unpack
 
 from dtask import services
@@ -42,12 +43,6 @@ from dtask.exceptions import (
     WaitTimeout,
 )
 from dtask.settings import Settings, is_redis
-from dtask.worker import configure
-from dtask.worker.eager import active as eager_active
-from dtask.worker.eager import run as run_eagerly
-from dtask.worker.finalize import forget_run
-from dtask.worker.masters import ask_pickup
-from dtask.worker.messages import send_master
 
 log = logging.getLogger("dtask.client")
 
@@ -107,6 +102,8 @@ class Run:
         state = store.runs.cancel(self.id)
         if state is not RunState.CANCELLED:
             raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
+        from dtask.worker.finalize import forget_run  # (see _eager)
+
         forget_run(store, self.id)
         return self.status()
 
@@ -118,10 +115,10 @@ class Run:
         if state is RunState.SUCCEEDED:
             raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
         if state in (RunState.PENDING, RunState.SPLITTING):
-            if eager_active():  # test mode: rerun here, as it ran
-                run_eagerly(self.id)
+            if _eager().active():  # test mode: rerun here, as it ran
+                _eager().run(self.id)
             else:
-                send_master(self.id)
+                _send_master(self.id)
         return self.status()
 
     def wait(
@@ -224,7 +221,7 @@ def submit(
     if eager_mode:
         run = create()
         if run.created:
-            run_eagerly(run.id)
+            _eager().run(run.id)
         return Run(run.id, created=run.created)
     try:
         backlog.check(new_run, config)
@@ -300,11 +297,11 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
     client = options.get("client", DEFAULT_CLIENT)
     priority, tier = options.get("priority"), options.get("tier")
     notify_url, on_late = options.get("notify_url"), options.get("on_late")
-    eager_mode = eager_active()
+    eager_mode = _eager().active()
     if eager_mode:
         services.load_templates(services.current().settings)  # no broker: none is used
     else:
-        configure()
+        _app()
     config = services.current().settings
     tpl = registry.get(template)
     if getattr(tpl.function, "__module__", None) == "__main__":
@@ -351,9 +348,11 @@ def _start(run: Created, new_run: NewRun, shown: str) -> None:
     """A pickup asked for the run this submit created to wait for one, else its master sent
     (BrokerUnavailable where the broker cannot take either)."""
     if run.created and new_run.awaits_pickup:
+        from dtask.worker.masters import ask_pickup  # (see _eager)
+
         ask_pickup(run.priority)
     else:
-        send_master(
+        _send_master(
             run.id,
             countdown=run.starts_in,
             shown=shown,
@@ -370,8 +369,29 @@ def _awaits_pickup(run: NewRun) -> bool:
         not run.after
         and run.start_in is None
         and run.start_at is None
-        and is_redis(str(configure().conf.broker_url))
+        and is_redis(str(_app().conf.broker_url))
     )
+
+
+def _eager() -> ModuleType:
+    """``dtask.worker.eager``, imported when a run is submitted or sent: the worker side brings
+    Celery, kombu and redis-py (0.25 s of CPU), which commands that only read (`dtask status`,
+    `dtask runs`) never need."""
+    from dtask.worker import eager
+
+    return eager
+
+
+def _send_master(run_id: int, **options: Any) -> None:
+    from dtask.worker.messages import send_master  # (see _eager)
+
+    send_master(run_id, **options)
+
+
+def _app() -> Any:
+    from dtask.worker import configure  # (see _eager)
+
+    return configure()
 
 
 def _send_committed(run: Created, new_run: NewRun, shown: str) -> None:

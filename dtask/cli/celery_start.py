@@ -1,0 +1,46 @@
+"""Start one of Celery's own commands (``worker``, ``beat``) for dtask's app without loading
+Celery's whole command line: ``app.start`` imports every Celery command and its plugins
+(Flower's, the REPL's), 0.45 s of CPU at each worker start here (bench/notes.md). What
+``celery``'s group does before a command runs is done here: the app's user options for the
+command and its preload options, and a usage error as one line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from dtask.exceptions import Invalid
+
+
+def start(app: Any, name: str, argv: Sequence[str]) -> int:
+    command = _command(name)
+    options = [*app.user_options.get(name, ()), *app.user_options.get("preload", ())]
+    known = {p.name for p in command.params}
+    command.params.extend(o for o in options if o.name not in known)
+    from celery.bin import base
+
+    consume = getattr(base, "consume_preload_options", None)  # Celery 5.4's commands do it
+    if app.user_options.get("preload") and consume is not None:
+        command.callback = consume(command.callback)
+
+    context = base.CLIContext(app=app, no_color=None, workdir=None, quiet=False)
+    try:
+        result = command.main(
+            args=list(argv), prog_name=f"dtask {name}", obj=context, standalone_mode=False
+        )
+    except click.exceptions.Exit as exc:  # --help
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        raise Invalid(f"{name}: {exc.format_message()}") from None
+    return int(result) if isinstance(result, int) else 0
+
+
+def _command(name: str) -> click.Command:
+    if name == "worker":
+        from celery.bin.worker import worker as command
+    else:
+        from celery.bin.beat import beat as command
+    assert isinstance(command, click.Command)
+    return command
