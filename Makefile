@@ -70,8 +70,11 @@ pgbouncer:
 # The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
-# 3 on this 2-core box: with 4, a slow day's run timed out in 8 tests (and took longer).
-TEST_PROCESSES ?= 3
+# 4 on this 2-core box: the suite waits on workers, leases and polls as much as it computes
+# (76 % of the two cores busy with 3 processes); with 4, 808 s against 1,047 s with 3 on
+# 2026-11-28 (84 % busy). An earlier day's run with 4 timed out in 8 tests, when each
+# `dtask` command and worker start cost more CPU (bench/notes.md, "The suite's time").
+TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 # Part of `make test` (and 26 s the first time for its venv): the unit tests, the late chord

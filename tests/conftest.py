@@ -36,7 +36,7 @@ DTASK = str(Path(sys.executable).with_name("dtask"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test`: `pytest -n 3 --dist loadfile`) each process gets a
+    """Under pytest-xdist (`make test`: `pytest -n 4 --dist loadfile`) each process gets a
     RabbitMQ vhost of its own, so two test files never share the queue `dtask`. Embedded
     PostgreSQL and Redis are per process already (each has its own DTASK_HOME)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
@@ -212,8 +212,10 @@ class DtaskProcess:
             if self.ready_marker in self.output():
                 return
             if self.proc.poll() is not None:
+                self.stop()  # its log closed: no ResourceWarning in whichever test runs next
                 raise AssertionError(f"{self.log.name} exited early:\n{self.output()[-3000:]}")
             time.sleep(0.1)
+        self.stop()
         tail = self.output()[-3000:]
         raise AssertionError(f"{self.log.name} not ready after {timeout} s:\n{tail}")
 

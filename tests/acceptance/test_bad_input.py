@@ -10,6 +10,7 @@ from sqlalchemy import text
 import dtask
 from dtask import services
 from tests.conftest import DTASK, REPO
+from tests.support import cli_batch
 
 pytestmark = pytest.mark.acceptance
 
@@ -19,102 +20,119 @@ def run_count() -> int:
         return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["submit", "nope"], "unknown template 'nope' (known: always_fails, "),
-        (["submit", "print_range"], "template 'print_range' needs 'n'"),
-        (["submit", "print_range", "-v", "n=abc"], "variable 'n' must be int, got 'abc'"),
-        (["submit", "print_range", "-v", "n=-5"], "the range start=1 .. end=-5 is empty"),
-        (["submit", "print_range", "-v", "n=5", "-v", "m=1"], "has no parameter 'm'"),
-        (
-            ["submit", "print_range", "-v", "n=1000000000"],
-            "1,000,000 children, more than the maximum 100,000",
-        ),
-        (["submit", "print_range", "-v", "n"], "-v expects NAME=VALUE"),
-        (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
-        (
-            ["submit", "print_range", "-v", "n=5", "--execution-cap", "0"],
-            "execution cap must be over 0 and at most 315,360,000 seconds, got 0.0",
-        ),
-        (
-            ["submit", "print_range", "-v", "n=5", "--execution-cap", "-3"],
-            "execution cap must be over 0 and at most 315,360,000 seconds, got -3.0",
-        ),
-        (
-            ["submit", "print_range", "-v", "n=5", "--execution-cap", "soon"],
-            "--execution-cap expects a number of seconds, got 'soon'",
-        ),
-        (["status", "987654"], "no run with id 987654"),
-        (["token", "create", "--client", "nobody-here"], "no client named 'nobody-here'"),
-        (["token", "revoke", "987654"], "no token with id 987654"),
-        (["worker", "--tier", "gold"], "tier must be one of basic, regular, premium, got 'gold'"),
-        (["submit", "print_range", "-v", "n=5", "--tier", "gold"], "invalid choice: 'gold'"),
-        (["status", "abc"], "argument run_id: 'abc' is not a run id"),
-        (
-            ["submit", "print_range", "-v", "n=5", "--key", "k" * 301],
-            "the key is 301 characters, over the limit of 300",
-        ),
-        (
-            ["submit", "print_range", "-v", "n=5", "--key", "schedule:nightly:2026-11-24"],
-            "keys starting with 'schedule:' are reserved for schedule slots",
-        ),
-        (["runs", "--limit", "-1"], "argument --limit: '-1' is not a positive whole number"),
-        (["runs", "--limit", "1e20"], "argument --limit: '1e20' is not a positive whole number"),
-        (
-            [
-                "schedule",
-                "add",
-                "x2",
-                "print_range",
-                "-v",
-                "n=1",
-                "--every",
-                "5",
-                "--tz",
-                "A" * 300,
-            ],
-            "unknown time zone 'AAAA",
-        ),
-        (
-            [
-                "schedule",
-                "add",
-                "x3",
-                "print_range",
-                "-v",
-                "n=1",
-                "--every",
-                "5",
-                "--start",
-                "9999-12-31T23:59:59",
-            ],
-            "start and end must lie between 1970 and 8999, got 9999-12-31T23:59:59+00:00",
-        ),
-        (
-            ["schedule", "add", "x4", "print_range", "-v", "n=1", "--cron", "* " * 150],
-            "a cron expression is at most 200 characters, got 300",
-        ),
-        (
-            ["submit", "print_range", "-v", "n=5", "--wait", "--timeout", "nan"],
-            "argument --timeout: 'nan' is not a number of seconds (0 to 31,622,400)",
-        ),
-        (["status", "1", "--watch", "--timeout", "nan"], "argument --timeout: 'nan' is not a"),
-        (["flower", "--port", "70000"], "argument --port: '70000' is not a TCP port (1 to 65,535)"),
-        (["up", "--flower-port", "70000"], "argument --flower-port: '70000' is not a TCP port"),
-        (["schedule", "show", "a\x01b"], "no schedule named 'a\\x01b'"),
-        (["frobnicate"], "invalid choice"),
-    ],
-)
+CASES: list[tuple[list[str], str]] = [
+    (["submit", "nope"], "unknown template 'nope' (known: always_fails, "),
+    (["submit", "print_range"], "template 'print_range' needs 'n'"),
+    (["submit", "print_range", "-v", "n=abc"], "variable 'n' must be int, got 'abc'"),
+    (["submit", "print_range", "-v", "n=-5"], "the range start=1 .. end=-5 is empty"),
+    (["submit", "print_range", "-v", "n=5", "-v", "m=1"], "has no parameter 'm'"),
+    (
+        ["submit", "print_range", "-v", "n=1000000000"],
+        "1,000,000 children, more than the maximum 100,000",
+    ),
+    (["submit", "print_range", "-v", "n"], "-v expects NAME=VALUE"),
+    (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
+    (
+        ["submit", "print_range", "-v", "n=5", "--execution-cap", "0"],
+        "execution cap must be over 0 and at most 315,360,000 seconds, got 0.0",
+    ),
+    (
+        ["submit", "print_range", "-v", "n=5", "--execution-cap", "-3"],
+        "execution cap must be over 0 and at most 315,360,000 seconds, got -3.0",
+    ),
+    (
+        ["submit", "print_range", "-v", "n=5", "--execution-cap", "soon"],
+        "--execution-cap expects a number of seconds, got 'soon'",
+    ),
+    (["status", "987654"], "no run with id 987654"),
+    (["token", "create", "--client", "nobody-here"], "no client named 'nobody-here'"),
+    (["token", "revoke", "987654"], "no token with id 987654"),
+    (["worker", "--tier", "gold"], "tier must be one of basic, regular, premium, got 'gold'"),
+    (["submit", "print_range", "-v", "n=5", "--tier", "gold"], "invalid choice: 'gold'"),
+    (["status", "abc"], "argument run_id: 'abc' is not a run id"),
+    (
+        ["submit", "print_range", "-v", "n=5", "--key", "k" * 301],
+        "the key is 301 characters, over the limit of 300",
+    ),
+    (
+        ["submit", "print_range", "-v", "n=5", "--key", "schedule:nightly:2026-11-24"],
+        "keys starting with 'schedule:' are reserved for schedule slots",
+    ),
+    (["runs", "--limit", "-1"], "argument --limit: '-1' is not a positive whole number"),
+    (["runs", "--limit", "1e20"], "argument --limit: '1e20' is not a positive whole number"),
+    (
+        [
+            "schedule",
+            "add",
+            "x2",
+            "print_range",
+            "-v",
+            "n=1",
+            "--every",
+            "5",
+            "--tz",
+            "A" * 300,
+        ],
+        "unknown time zone 'AAAA",
+    ),
+    (
+        [
+            "schedule",
+            "add",
+            "x3",
+            "print_range",
+            "-v",
+            "n=1",
+            "--every",
+            "5",
+            "--start",
+            "9999-12-31T23:59:59",
+        ],
+        "start and end must lie between 1970 and 8999, got 9999-12-31T23:59:59+00:00",
+    ),
+    (
+        ["schedule", "add", "x4", "print_range", "-v", "n=1", "--cron", "* " * 150],
+        "a cron expression is at most 200 characters, got 300",
+    ),
+    (
+        ["submit", "print_range", "-v", "n=5", "--wait", "--timeout", "nan"],
+        "argument --timeout: 'nan' is not a number of seconds (0 to 31,622,400)",
+    ),
+    (["status", "1", "--watch", "--timeout", "nan"], "argument --timeout: 'nan' is not a"),
+    (["flower", "--port", "70000"], "argument --port: '70000' is not a TCP port (1 to 65,535)"),
+    (["up", "--flower-port", "70000"], "argument --flower-port: '70000' is not a TCP port"),
+    (["schedule", "show", "a\x01b"], "no schedule named 'a\\x01b'"),
+    (["frobnicate"], "invalid choice"),
+    (["worker", "--bogus"], "worker: No such option"),  # Celery's own options: last, it
+    # installs the worker's signal handlers in the process that runs the cases
+]
+
+
+@pytest.fixture(scope="module")
+def outcomes(dtask_env: dict[str, str]) -> tuple[int, list[cli_batch.Outcome]]:
+    """Every case's command, run in one process (tests/support/cli_batch.py), and the number
+    of runs before them."""
+    return run_count(), cli_batch.run_all(dtask_env, [args for args, _ in CASES])
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[" ".join(a)[:40] for a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(
-    dtask_env: dict[str, str], args: list[str], message: str
+    outcomes: tuple[int, list[cli_batch.Outcome]], case: int
 ) -> None:
-    before = run_count()
-    result = subprocess.run([DTASK, *args], env=dtask_env, cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == 2
+    before, done = outcomes
+    message, result = CASES[case][1], done[case]
+    assert result.code == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+    assert result.runs == before
+
+
+def test_bad_input_from_the_console_script_is_one_line_exit_2(dtask_env: dict[str, str]) -> None:
+    before = run_count()
+    args, message = CASES[2]
+    result = subprocess.run([DTASK, *args], env=dtask_env, cwd=REPO, capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (2, f"dtask: error: {message}\n")
     assert run_count() == before
 
 

@@ -3,6 +3,7 @@ worker, the CLI, and PostgreSQL as the judge of which slots ran."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import subprocess
@@ -18,7 +19,10 @@ import pytest
 from sqlalchemy import text
 
 from dtask import services
+from dtask.client.schedules import remove_schedule
+from dtask.exceptions import DtaskError
 from tests.conftest import DTASK, REPO, BeatProcess, WorkerProcess
+from tests.support import cli_batch
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -94,8 +98,9 @@ def names(dtask_env: dict[str, str]) -> Iterator[list[str]]:
     """Unique schedule names, removed afterwards (runs stay, as `rm` promises)."""
     made: list[str] = []
     yield made
-    for name in made:
-        dtask(dtask_env, "schedule", "rm", name)
+    for name in made:  # in this process: `schedule rm`'s own test is the lifecycle's above
+        with contextlib.suppress(DtaskError):
+            remove_schedule(name)
 
 
 def new_name(names: list[str], label: str) -> str:
@@ -277,31 +282,47 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
     )
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["print_range", "-v", "n=5", "--cron", "61 * * * *"], "'61 * * * *': bad minute field"),
-        (["print_range", "-v", "n=5", "--cron", "0 0 30 2 *"], "never fires"),
-        (["print_range", "-v", "n=abc", "--every", "5"], "variable 'n' must be int"),
-        (["print_range", "--every", "5"], "needs 'n'"),
-        (["print_range", "-v", "n=5", "-v", "m=1", "--every", "5"], "has no parameter 'm'"),
-        (["print_range", "-v", "n=1000000000", "--every", "5"], "children"),
-        (["nope", "--every", "5"], "unknown template 'nope'"),
-        (["print_range", "-v", "n=5", "--every", "5", "--tz", "Mars/Base"], "unknown time zone"),
-        (["print_range", "-v", "n=5"], "one of the arguments --cron --every is required"),
-        (["print_range", "-v", "n=5", "--every", "5", "--overlap", "x"], "invalid choice: 'x'"),
-        (["print_range", "-v", "n=5", "--every", "5", "--start", "soon"], "not an ISO 8601"),
-    ],
-)
+BAD_SCHEDULES: list[tuple[list[str], str]] = [
+    (["print_range", "-v", "n=5", "--cron", "61 * * * *"], "'61 * * * *': bad minute field"),
+    (["print_range", "-v", "n=5", "--cron", "0 0 30 2 *"], "never fires"),
+    (["print_range", "-v", "n=abc", "--every", "5"], "variable 'n' must be int"),
+    (["print_range", "--every", "5"], "needs 'n'"),
+    (["print_range", "-v", "n=5", "-v", "m=1", "--every", "5"], "has no parameter 'm'"),
+    (["print_range", "-v", "n=1000000000", "--every", "5"], "children"),
+    (["nope", "--every", "5"], "unknown template 'nope'"),
+    (["print_range", "-v", "n=5", "--every", "5", "--tz", "Mars/Base"], "unknown time zone"),
+    (["print_range", "-v", "n=5"], "one of the arguments --cron --every is required"),
+    (["print_range", "-v", "n=5", "--every", "5", "--overlap", "x"], "invalid choice: 'x'"),
+    (["print_range", "-v", "n=5", "--every", "5", "--start", "soon"], "not an ISO 8601"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_schedules(dtask_env: dict[str, str]) -> list[cli_batch.Outcome]:
+    """For each bad schedule, `dtask schedule add` then `dtask schedule show` of its name, all
+    in one process (tests/support/cli_batch.py)."""
+    tag = uuid.uuid4().hex[:6]
+    commands = [
+        argv
+        for i, (args, _) in enumerate(BAD_SCHEDULES)
+        for argv in (
+            ["schedule", "add", f"bad{i}-{tag}", *args],
+            ["schedule", "show", f"bad{i}-{tag}"],
+        )
+    ]
+    return cli_batch.run_all(dtask_env, commands)
+
+
+@pytest.mark.parametrize("case", range(len(BAD_SCHEDULES)), ids=[m for _, m in BAD_SCHEDULES])
 def test_bad_schedules_get_one_line_and_save_nothing(
-    dtask_env: dict[str, str], names: list[str], args: list[str], message: str
+    bad_schedules: list[cli_batch.Outcome], case: int
 ) -> None:
-    name = new_name(names, "bad")
-    result = dtask(dtask_env, "schedule", "add", name, *args)
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
-    assert dtask(dtask_env, "schedule", "show", name).returncode == 2
+    message = BAD_SCHEDULES[case][1]
+    added, shown = bad_schedules[2 * case], bad_schedules[2 * case + 1]
+    assert added.code == 2
+    assert added.stderr.count("\n") == 1 and message in added.stderr, added.stderr
+    assert "Traceback" not in added.stderr
+    assert shown.code == 2, shown.stdout
 
 
 def test_a_schedule_after_another_runs_each_slot_once_after_the_same_slot_upstream(

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dtask.local.stack import free_port
 from tests.conftest import DTASK, REPO, DtaskProcess
+from tests.support.ports import free_port
 
 
 class ServerProcess(DtaskProcess):
@@ -65,7 +65,7 @@ def token(env: dict[str, str], client: str, *flags: str) -> str:
 
 
 def start_server(env: dict[str, str], log: Path) -> tuple[ServerProcess, str]:
-    port = free_port(8000)
+    port = free_port()  # not 8000: the README's test runs `dtask up` there
     server = ServerProcess(env, log, "serve", "--port", str(port))
     server.wait_ready()
     return server, f"http://127.0.0.1:{port}/api/v1"
