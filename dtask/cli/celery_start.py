@@ -1,6 +1,6 @@
 """Start one of Celery's own commands (``worker``, ``beat``) for dtask's app without loading
 Celery's whole command line: ``app.start`` imports every Celery command and its plugins
-(Flower's, the REPL's), 0.45 s of CPU at each worker start here (bench/notes.md). What
+(Flower's, the REPL's), 0.2 s of CPU at each worker start here (`python -m bench.startup`). What
 ``celery``'s group does before a command runs is done here: the app's user options for the
 command and its preload options, and a usage error as one line."""
 
