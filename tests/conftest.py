@@ -36,7 +36,7 @@ DTASK = str(Path(sys.executable).with_name("dtask"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (`make test`: `pytest -n 4 --dist loadfile`) each process gets a
+    """Under pytest-xdist (`make test`: `pytest -n 3 --dist loadfile`) each process gets a
     RabbitMQ vhost of its own, so two test files never share the queue `dtask`. Embedded
     PostgreSQL and Redis are per process already (each has its own DTASK_HOME)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
