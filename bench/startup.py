@@ -82,7 +82,7 @@ def main() -> int:
             for tree in trees:
                 for argv in COMMANDS:
                     cpu = command_cpu(tree, env, argv)
-                    seen.setdefault((tree, " ".join(argv[:1])), []).append(cpu)
+                    seen.setdefault((tree, argv[0]), []).append(cpu)
                 cpu = worker_start_cpu(tree, env, home / "worker.log")
                 seen.setdefault((tree, "worker to ready"), []).append(cpu)
     finally:

@@ -30,11 +30,9 @@ def start(app: Any, name: str, argv: Sequence[str]) -> int:
         result = command.main(
             args=list(argv), prog_name=f"dtask {name}", obj=context, standalone_mode=False
         )
-    except click.exceptions.Exit as exc:  # --help
-        return int(exc.exit_code)
     except click.ClickException as exc:
         raise Invalid(f"{name}: {exc.format_message()}") from None
-    return int(result) if isinstance(result, int) else 0
+    return int(result) if isinstance(result, int) else 0  # --help's exit code too, from click
 
 
 def _command(name: str) -> click.Command:

@@ -115,8 +115,9 @@ class Run:
         if state is RunState.SUCCEEDED:
             raise NothingToRerun(f"run {self.id} succeeded: nothing to rerun")
         if state in (RunState.PENDING, RunState.SPLITTING):
-            if _eager().active():  # test mode: rerun here, as it ran
-                _eager().run(self.id)
+            eager = _eager()
+            if eager.active():  # test mode: rerun here, as it ran
+                eager.run(self.id)
             else:
                 _send_master(self.id)
         return self.status()

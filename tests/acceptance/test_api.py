@@ -18,6 +18,7 @@ from sqlalchemy import text
 from dtask import services
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.api import Receiver, call, start_server, token
+from tests.support.db import run_count
 
 pytestmark = pytest.mark.acceptance
 
@@ -47,11 +48,6 @@ def tokens(dtask_env: dict[str, str]) -> dict[str, str]:
         "limited": token(dtask_env, "api-limited"),
         "admin": token(dtask_env, "default", "--admin"),
     }
-
-
-def run_count() -> int:
-    with services.store().engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
 
 
 def test_submit_answers_with_the_status_each_outcome_calls_for(

@@ -11,13 +11,9 @@ import dtask
 from dtask import services
 from tests.conftest import DTASK, REPO
 from tests.support import cli_batch
+from tests.support.db import run_count
 
 pytestmark = pytest.mark.acceptance
-
-
-def run_count() -> int:
-    with services.store().engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
 
 
 CASES: list[tuple[list[str], str]] = [

@@ -20,13 +20,9 @@ import dtask
 from dtask import services
 from tests.conftest import DTASK, REPO, WorkerProcess
 from tests.support.api import call, call_raw, start_server, token
+from tests.support.db import run_count
 
 pytestmark = pytest.mark.acceptance
-
-
-def run_count() -> int:
-    with services.store().engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
 
 
 def schedule_count() -> int:

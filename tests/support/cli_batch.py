@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from dtask import services
+from tests.support.db import run_count
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,15 +44,8 @@ def run_all(env: dict[str, str], commands: list[list[str]]) -> list[Outcome]:
     return [Outcome(**o) for o in json.loads(done.stdout)]
 
 
-def _run_count() -> int:
-    from dtask import services
-
-    with services.store().engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
-
-
 def _one(argv: list[str]) -> dict[str, Any]:
-    from dtask import cli, services
+    from dtask import cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -62,7 +56,6 @@ def _one(argv: list[str]) -> dict[str, Any]:
         except Exception:  # uncaught: the console script's traceback and exit code
             traceback.print_exc()
             code = 1
-    services.reset()  # the next command starts from the settings, as a new process would
     return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
@@ -74,7 +67,8 @@ def main() -> None:
         outcome = _one(argv)
         os.environ.clear()
         os.environ.update(environ)  # `--templates` sets DTASK_TEMPLATES for its command only
-        outcomes.append({**outcome, "runs": _run_count()})
+        services.reset()  # the next command starts from the settings, as a new process would
+        outcomes.append({**outcome, "runs": run_count()})
     json.dump(outcomes, sys.stdout)
 
 

@@ -20,6 +20,11 @@ class ChildRow(NamedTuple):
     checkpoint: Any
 
 
+def run_count() -> int:
+    with services.store().engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM dtask_runs")).scalar_one())
+
+
 def child_row(run_id: int, index: int) -> ChildRow:
     """One child; state "absent" before the master has split."""
     with services.store().engine.connect() as conn:
