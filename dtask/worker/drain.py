@@ -19,11 +19,11 @@ While its worker is stopping, a pool process that handed its child over stays: i
 returns, and Celery's warm shutdown ends the process with the others, so no job is lost with
 it (billiard would log one as a WorkerLostError). A pool process that gets SIGTERM on its own
 (autoscale shrinking the pool, an operator's ``kill``, ``revoke(terminate=True)``) leaves as
-billiard's own handler makes it: at once when idle or running anything but a child, right after
-the hand-over when running a child (its message, already re-sent, may come back once more: the
-claim drops the duplicate). It never stays to take and bounce further work, and after
-``revoke(terminate=True)`` (billiard then counts any job the process holds when it exits as
-terminated) it holds no other job.
+billiard's own handler makes it: at once when idle or running a host's task, right after the
+hand-over when running one of dtask's tasks that run children (its message, already re-sent,
+may come back once more: the claim drops the duplicate). It never stays to take and bounce
+further work, and after ``revoke(terminate=True)`` (billiard then counts any job the process
+holds when it exits as terminated) it holds no other job.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def running(give_up: Callable[[], None] | None) -> None:
 def _on_sigterm(signum: int, frame: Any) -> None:
     with _lock:
         give_up = _give_up
-    if give_up is None and not (stopping() and _runs_handed_over()):
-        leave()  # no child here to hand over: leave now (autoscale shrink, a host's task)
+    if give_up is None and not _runs_handed_over():
+        leave()  # nothing here to hand over: leave now (idle, a host's task)
         return
     if DRAINING.is_set():
         return
@@ -94,7 +94,10 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def _runs_handed_over() -> bool:
     """Whether this pool process is running one of HANDED_OVER now (a master in its split, a
-    message of children between two): what is left of it is handed over, and it returns."""
+    message of children between two): what is left of it is handed over, and it returns. So
+    too when the worker is not (yet) stopping: under a process group's SIGTERM the pool hears
+    it before the main process sets ``stopping``, and leaving then would run the message's
+    children again."""
     task = current().current_worker_task
     return task is not None and task.name in HANDED_OVER
 

@@ -133,6 +133,13 @@ def master(self: Task, run_id: int) -> None:
     statements, with as many pending runs of its template and priority as their children
     fill BATCH_SECONDS by this process's count (``inline_runs.run_many``)."""
     drain.arm()  # before the split: a stopping worker's SIGTERM then hands its child over
+    try:
+        _master(self, run_id)
+    finally:
+        drain.finished()  # a process that got SIGTERM takes no further work
+
+
+def _master(self: Task, run_id: int) -> None:
     template = _header(self, TEMPLATE_HEADER)
     seen = None if template is None else child_seconds(template)
     if (
@@ -187,8 +194,14 @@ def masters(self: Task, template: str, priority: int, run_ids: list[int]) -> Non
     at once are taken together and run here (``inline_runs.run_many``); the others, each as
     ``master`` runs one, one after another within MESSAGE_SECONDS."""
     drain.arm()
+    try:
+        _masters(self, template, priority, [int(i) for i in run_ids])
+    finally:
+        drain.finished()  # a process that got SIGTERM takes no further work
+
+
+def _masters(self: Task, template: str, priority: int, ids: list[int]) -> None:
     store = services.store()
-    ids = [int(i) for i in run_ids]
     seen = child_seconds(template)
     here = 1 if seen is None else batch_size(seen)
     if len(ids) > here:

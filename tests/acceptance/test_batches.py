@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 import dtask
@@ -94,3 +95,35 @@ def test_a_worker_stopped_in_the_middle_of_batches_loses_no_child(
     finally:
         for w in started:
             w.stop()
+
+
+def test_a_pool_process_sigtermed_alone_mid_run_leaves_and_loses_no_child(
+    dtask_env: dict[str, str], sink: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the pool process alone while it runs messages of children (autoscale's
+    shrink, an operator's kill; a group's SIGTERM before the main process says it is
+    stopping): it hands over what it has not started, or finishes its child, and leaves; the
+    pool starts another, and every child runs once (the decision itself: test_worker_scope)."""
+    worker = WorkerProcess(dtask_env, tmp_path / "w.log", "-c", "1")
+    try:
+        worker.wait_ready()
+        run = dtask.submit("tiny", {"n": 3000, "fail_every": 0})
+        wait_for(lambda: run.status().children.succeeded >= 300, 120, "300 children done")
+        [process] = psutil.Process(worker.proc.pid).children()
+        process.terminate()
+        status = run.wait(timeout=180)
+        assert status.state is dtask.RunState.SUCCEEDED, status.error
+        seen = written(sink, run.id)
+        assert set(seen) == set(range(3000))
+        assert sum(seen.values()) == 3000, seen.most_common(3)
+        wait_for(lambda: not _alive(process), 30, "the pool process to leave")
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

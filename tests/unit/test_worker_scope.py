@@ -61,3 +61,38 @@ def test_a_worker_of_another_app_gets_no_policy_of_dtasks() -> None:
         scope._worker_app = None
     assert "dtask" not in other.amqp.queues
     assert events.BatchedEvents not in other.steps["consumer"]
+
+
+@pytest.fixture
+def pool_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SimpleNamespace, list[str]]]:
+    """This process as a pool process's SIGTERM handler sees it: the task it runs (None:
+    idle) and what the handler did (``left``)."""
+    app = SimpleNamespace(current_worker_task=None)
+    did: list[str] = []
+    monkeypatch.setattr(drain, "current", lambda: app)
+    monkeypatch.setattr(drain, "leave", lambda: did.append("left"))
+    yield app, did
+    drain.DRAINING.clear()
+
+
+@pytest.mark.parametrize("task", ["dtask.children", "dtask.master", "dtask.masters"])
+def test_sigterm_between_two_children_hands_the_rest_over_even_before_the_worker_stops(
+    pool_process: tuple[SimpleNamespace, list[str]], task: str
+) -> None:
+    """A process group's SIGTERM reaches the pool before the main process sets ``stopping``:
+    leaving then lost the message's unstarted children with the process (they ran twice)."""
+    app, did = pool_process
+    app.current_worker_task = SimpleNamespace(name=task)
+    assert not drain.stopping()
+    drain._on_sigterm(15, None)
+    assert drain.draining() and did == []
+
+
+@pytest.mark.parametrize("task", [None, "reports.slow_report"])
+def test_sigterm_to_an_idle_pool_process_or_a_hosts_task_leaves_at_once(
+    pool_process: tuple[SimpleNamespace, list[str]], task: str | None
+) -> None:
+    app, did = pool_process
+    app.current_worker_task = None if task is None else SimpleNamespace(name=task)
+    drain._on_sigterm(15, None)
+    assert did == ["left"] and not drain.draining()
