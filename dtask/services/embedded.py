@@ -48,12 +48,33 @@ def _quiet_import_pgserver() -> Any:
     return pgserver
 
 
+def _system_user() -> None:
+    """As root, pgserver runs PostgreSQL as the system user ``pgserver``, which it adds on
+    first use. Two first starts at once (two DTASK_HOMEs, a parallel test run on a fresh
+    machine) would both run ``useradd``: one data directory then belongs to a uid that is not
+    the user's, and its ``initdb`` fails. One machine-wide lock makes the first add it."""
+    import pwd
+
+    if os.geteuid() != 0:
+        return
+    with contextlib.suppress(KeyError):
+        pwd.getpwnam("pgserver")
+        return
+    from pgserver.utils import ensure_user_exists
+
+    with open(Path(tempfile.gettempdir()) / "dtask-pgserver-user.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        ensure_user_exists("pgserver")
+
+
 def postgres_url(home: Path) -> str:
     """Start (or attach to) the embedded PostgreSQL; return its SQLAlchemy URL."""
     pgdata = home / "postgres"
     with _locked(home):
         try:
-            server = _quiet_import_pgserver().get_server(pgdata, cleanup_mode=None)
+            pgserver = _quiet_import_pgserver()
+            _system_user()
+            server = pgserver.get_server(pgdata, cleanup_mode=None)
             server.ensure_postgres_running()  # the handle is cached: the server may have died
             uri: str = server.get_uri()
         except MissingExtra:
