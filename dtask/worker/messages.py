@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, ClassVar
 
 import celery
 from celery.backends.redis import RedisBackend
 from celery.utils.saferepr import saferepr
+from kombu.utils import json
 
 from dtask.db import Redispatch, RunRecord
 from dtask.domain.dispatch import SMALL_RUN_CHILDREN
@@ -260,58 +261,86 @@ def publish(
     declared: dict[str, Any] = {}
     options = _priority(priority)
     parent = _parent_ids()
+
+    def message(group: list[Redispatch]) -> Any:
+        c = group[0]
+        if len(group) > 1:
+            return app.amqp.create_task_message(
+                f"{c.group_id}.{c.index}+{len(group)}",
+                CHILDREN,
+                (c.run_id, c.template, c.group_id, c.queue, [[g.index, g.spec] for g in group]),
+                None,
+                ignore_result=True,
+                reply_to=app.thread_oid,
+                countdown=countdown,
+                **parent,
+                **readable_batch(group),
+            )
+        callback = callbacks.get(c.group_id)
+        if callback is None and chord:
+            callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
+        return app.amqp.create_task_message(
+            child_task_id(c.group_id, c.index),
+            CHILD,
+            (c.run_id, c.index, c.template, c.spec),
+            None,
+            group_id=c.group_id,
+            group_index=c.index,
+            chord=callback,
+            ignore_result=True,  # the chord still counts it; the outcome is in PostgreSQL
+            reply_to=app.thread_oid,
+            countdown=countdown,
+            **parent,
+            **readable(c.template, c.run_id, c.index, c.spec),
+        )
+
     with app.producer_or_acquire(through) as producer, pipelined(producer, PUBLISH_BATCH):
-        for group in _batches(children, batch):
-            c = group[0]
-            name = c.queue or DEFAULT_QUEUE
+        for whole in _batches(children, batch):
+            name = whole[0].queue or DEFAULT_QUEUE
             queue = declared.get(name)
             if queue is None:
                 queue = declared[name] = app.amqp.queues[name]
                 producer.maybe_declare(queue)
-            if len(group) == 1:
-                callback = callbacks.get(c.group_id)
-                if callback is None and chord:
-                    callback = callbacks[c.group_id] = chord_callback(c.run_id, c.group_id)
-                message = app.amqp.create_task_message(
-                    child_task_id(c.group_id, c.index),
-                    CHILD,
-                    (c.run_id, c.index, c.template, c.spec),
-                    None,
-                    group_id=c.group_id,
-                    group_index=c.index,
-                    chord=callback,
-                    ignore_result=True,  # the chord still counts it; the outcome is in PostgreSQL
-                    reply_to=app.thread_oid,
-                    countdown=countdown,
-                    **parent,
-                    **readable(c.template, c.run_id, c.index, c.spec),
+            for group, (headers, properties, body) in _bounded(whole, message):
+                producer.publish(
+                    body,
+                    exchange="",  # what Celery does for a direct queue: route by its name
+                    routing_key=queue.name,
+                    content_type=JSON,
+                    content_encoding="utf-8",
+                    delivery_mode=queue.exchange.delivery_mode,
+                    headers=headers,
+                    retry=False,
+                    **options,
+                    **properties,
                 )
-            else:
-                message = app.amqp.create_task_message(
-                    f"{c.group_id}.{c.index}+{len(group)}",
-                    CHILDREN,
-                    (c.run_id, c.template, c.group_id, c.queue, [[g.index, g.spec] for g in group]),
-                    None,
-                    ignore_result=True,
-                    reply_to=app.thread_oid,
-                    countdown=countdown,
-                    **parent,
-                    **readable_batch(group),
-                )
-            headers, properties, body, _ = message
-            producer.publish(
-                body,
-                exchange="",  # what Celery does for a direct queue: route by its name
-                routing_key=queue.name,
-                serializer="json",
-                delivery_mode=queue.exchange.delivery_mode,
-                headers=headers,
-                retry=False,
-                **options,
-                **properties,
-            )
-            sent += len(group)
+                sent += len(group)
     return sent
+
+
+# A message of children is cut where its body would pass this: 400 children of specs near
+# DTASK_MAX_CHILD_SPEC (64 KiB) made 25 MiB, past RabbitMQ 4's default max_message_size (16 MiB:
+# the publish fails, and so does every re-send of it), and held as one in a worker's memory.
+MESSAGE_BYTES = 1 << 20
+JSON = "application/json"
+
+
+def _bounded(
+    group: list[Redispatch], message: Callable[[list[Redispatch]], Any]
+) -> Iterator[tuple[list[Redispatch], tuple[Any, Any, str]]]:
+    """``group`` as messages of MESSAGE_BYTES at most, halved until each fits (a lone child
+    goes as it is: its spec is bounded by DTASK_MAX_CHILD_SPEC), in index order; each with its
+    headers, properties and JSON body, serialized once here rather than by the producer."""
+    stack = [group]
+    while stack:
+        part = stack.pop()
+        headers, properties, body, _ = message(part)
+        text: str = json.dumps(body)  # type: ignore[no-untyped-call]  # kombu's, as publish's
+        if len(part) > 1 and len(text) > MESSAGE_BYTES:
+            half = len(part) // 2
+            stack += [part[half:], part[:half]]
+            continue
+        yield part, (headers, properties, text)
 
 
 def pipelined(producer: Any, size: int) -> contextlib.AbstractContextManager[Any]:
