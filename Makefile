@@ -70,11 +70,12 @@ pgbouncer:
 # The suite runs in TEST_PROCESSES processes, a file whole on one (its module fixtures, its
 # workers), the longest files first (tests/durations.json); each process has its own embedded
 # PostgreSQL and Redis and its own RabbitMQ vhost (tests/conftest.py). TEST_PROCESSES=0: serial.
-# 3 on this 2-core box. With 4 a run takes about a fifth less (808 s against 1,047 s on
-# 2026-11-28) but is not steady: one such run timed out in 8 tests (2026-11-24), another
-# failed 4 tests' time bounds and had a drained worker's pool process killed by the SIGTERM
-# (bench/notes.md, "The suite's time").
-TEST_PROCESSES ?= 3
+# 4 on this 2-core box: the cores idle a quarter of a run with 3 (its tests wait on leases and
+# schedules). 4 failed before: 2026-11-24, 8 tests timed out; 2026-11-28, two tests' tight
+# time bounds (since loosened), a drained pool process's SIGTERM race (since fixed) and a
+# checkpoint not seen within 60 s (not explained). After those fixes 1,224 passed in 796 s
+# with 4, against 938 s with 3 (bench/notes.md, "The suite's time").
+TEST_PROCESSES ?= 4
 XDIST = $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
 
 # Part of `make test` (and 26 s the first time for its venv): the unit tests, the late chord

@@ -241,8 +241,10 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
     name = new_name(names, "live")
     added = time.monotonic()
     add(dtask_env, name, "print_range", "-v", "n=3", "--every", "1")
-    wait_for(lambda: runs_of(name), 5, "the new schedule's first run")
-    assert time.monotonic() - added < 5
+    # the running beat reads the new schedule (no restart): its first run within seconds, as
+    # a busy machine's seconds go (5.15 s once under 4 test processes)
+    wait_for(lambda: runs_of(name), 15, "the new schedule's first run")
+    assert time.monotonic() - added < 15
 
     paused = dtask(dtask_env, "schedule", "pause", name)
     paused_at = runs_of(name)[-1].slot
@@ -268,7 +270,7 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
     with services.store().engine.connect() as conn:
         before_resume = conn.execute(text("SELECT now()")).scalar_one()
     assert dtask(dtask_env, "schedule", "resume", name).returncode == 0
-    wait_for(lambda: runs_of(name)[-1].slot > before_resume, 5, "a run after resume")
+    wait_for(lambda: runs_of(name)[-1].slot > before_resume, 15, "a run after resume")
     paused_slots = [r.slot for r in runs_of(name) if paused_at + SECOND < r.slot < before_resume]
     assert paused_slots == []  # resumed from now: the paused slots are not caught up
 
