@@ -17,9 +17,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare"
-)
+def _mount_namespaces() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _mount_namespaces(), reason="needs root and mount namespaces")
 def test_first_starts_at_once_on_a_machine_without_pgserver_s_user_all_start(
     tmp_path: Path,
 ) -> None:
