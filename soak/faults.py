@@ -163,9 +163,9 @@ class PoolKill:
         ctx.rng.shuffle(busy)
         for key, pid in busy:
             if pid is not None and ctx.cluster.owner_of(pid) is not None:
-                inj = Injection(
+                inj = Injection(  # with the rest of the message it holds, if any
                     self.kind, time.monotonic(), time.time(), f"pid {pid} running {key}",
-                    {key: (snap.children[key].fence, snap.children[key].done)},
+                    _running_on(snap, {pid}),
                 )  # fmt: skip
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

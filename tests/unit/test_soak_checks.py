@@ -104,6 +104,17 @@ def test_one_attempt_started_twice_is_allowed_only_after_a_cancel(world: World) 
     assert world.failing() == set()
 
 
+def test_a_first_take_started_again_only_after_a_fault_hit_the_child(world: World) -> None:
+    """(1, 0) was running on what the fault hit; (1, 1) was not."""
+    world.write(1, 0, ["s 1", *map(str, range(1, 21)), "s 1", *map(str, range(21, 51))])
+    assert world.failing() == set()
+    world.write(1, 0, ["s 1", "s 2", "s 2", *map(str, range(1, 51))])
+    assert world.failing() == {"no child ran more than max_attempts (5)"}
+    world.write(1, 0, ["s 1", *map(str, range(1, 51))])
+    world.write(1, 1, ["s 1", "51", "s 1", *map(str, range(52, 61))])
+    assert world.failing() == {"no child ran more than max_attempts (5)"}
+
+
 def test_a_slot_run_twice_or_skipped_unless_postgresql_was_down(world: World) -> None:
     world.runs[99] = run(schedule="pulse", slot=T0 + timedelta(seconds=EVERY))
     world.variables[99] = {"n": 1}
