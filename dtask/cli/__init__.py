@@ -13,13 +13,26 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from dtask.cli import api, children, clients, graph, prune, runs, schedules, services
 from dtask.cli.base import Parser, interrupted
 from dtask.exceptions import DtaskError
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return f"dtask {installed('dtask')}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "dtask (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
+    # the nouns import dtask's settings and clients: only a command that parses pays for them
+    from dtask.cli import api, children, clients, graph, prune, runs, schedules, services
+
     top = Parser(prog="dtask", description=__doc__)
+    top.add_argument("--version", action="version", version=version())
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     for noun in (runs, children, graph, schedules, clients, services, prune, api):
         noun.register(sub)
@@ -53,11 +66,20 @@ def _stacks_on_sigusr1() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _templates_option(list(sys.argv[1:] if argv is None else argv))
+    if argv == ["--version"]:  # at once, before any noun is imported
+        print(version())
+        return 0
     try:
         if argv[:1] == ["worker"]:  # every other option goes to `celery worker` as it is
+            from dtask.cli import services
+
             return services.run_worker(argv[1:])
         _stacks_on_sigusr1()
         args = parser().parse_args(argv)
+        if getattr(args, "reads_only", False):  # never starts the embedded services
+            from dtask.services import attach_only
+
+            attach_only()
         code: int = args.handler(args)
         return code
     except DtaskError as exc:
