@@ -122,6 +122,10 @@ class BrokerUnavailable(ServiceUnavailable):
     """The Celery broker cannot be reached."""
 
 
+class StackDown(ServiceUnavailable):
+    """The local stack's embedded services are stopped, and this command only reads."""
+
+
 class Busy(ServiceUnavailable):
     """busy: the queue's (or the client's) backlog is at its cap; nothing was created."""
 
@@ -175,6 +179,10 @@ class ChildStopped(DtaskError):
 
 class NothingToRerun(Conflict):
     """The run succeeded: there is nothing to run again."""
+
+
+class StackRunning(Conflict):
+    """A `dtask up` already runs in this DTASK_HOME."""
 
 
 class NotCancellable(Conflict):

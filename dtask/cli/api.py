@@ -25,9 +25,9 @@ def register(sub: Any) -> None:
     create.add_argument("--client", required=True)
     create.add_argument("--admin", action="store_true", help="sees and acts on every client's runs")
     create.add_argument("--json", action="store_true")
-    ops.add_parser("list", help="the tokens (never their secrets)").add_argument(
-        "--json", action="store_true"
-    )
+    listed = ops.add_parser("list", help="the tokens (never their secrets)")
+    listed.set_defaults(reads_only=True)
+    listed.add_argument("--json", action="store_true")
     revoke = ops.add_parser("revoke", help="a revoked token is refused at once")
     revoke.add_argument("id", type=token_id)
 

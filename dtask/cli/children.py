@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
     children = sub.add_parser(
         "children", help="list a run's children: range, state, attempts, worker, error"
     )
-    children.set_defaults(handler=_cmd_children)
+    children.set_defaults(handler=_cmd_children, reads_only=True)
     children.add_argument("run_id", type=run_id)
     children.add_argument("--state", choices=[s.value for s in ChildState], help="only these")
     children.add_argument(

@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     graph = sub.add_parser(
         "graph", help="show the runs a run waits for and the runs that wait for it, as trees"
     )
-    graph.set_defaults(handler=_cmd_graph)
+    graph.set_defaults(handler=_cmd_graph, reads_only=True)
     graph.add_argument("run_id", type=run_id)
     graph.add_argument("--json", action="store_true", help="every run and edge as one object")
 

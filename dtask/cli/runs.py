@@ -93,7 +93,7 @@ def register(sub: Any) -> None:
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
 
     status = sub.add_parser("status", help="show a run's state and its children's progress")
-    status.set_defaults(handler=_cmd_status)
+    status.set_defaults(handler=_cmd_status, reads_only=True)
     status.add_argument("run_id", type=run_id)
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
@@ -105,7 +105,7 @@ def register(sub: Any) -> None:
     result = sub.add_parser(
         "result", help="print a run's result (its template's reduce of the children's values)"
     )
-    result.set_defaults(handler=_cmd_result)
+    result.set_defaults(handler=_cmd_result, reads_only=True)
     result.add_argument("run_id", type=run_id)
     result.add_argument("--wait", action="store_true", help="wait until the run has finished")
     result.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
@@ -128,7 +128,7 @@ def register(sub: Any) -> None:
         op.add_argument("--json", action="store_true")
 
     runs = sub.add_parser("runs", help="list recent runs")
-    runs.set_defaults(handler=_cmd_runs)
+    runs.set_defaults(handler=_cmd_runs, reads_only=True)
     runs.add_argument("--json", action="store_true")
     runs.add_argument("--limit", type=limit, default=50)
     runs.add_argument("--client", help="only the runs of this client")

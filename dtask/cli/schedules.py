@@ -51,7 +51,9 @@ def register(sub: Any) -> None:
     )
     add.add_argument("--replace", action="store_true", help="update a schedule of that name")
     add.add_argument("--json", action="store_true")
-    ops.add_parser("list", help="list the schedules").add_argument("--json", action="store_true")
+    listed = ops.add_parser("list", help="list the schedules")
+    listed.set_defaults(reads_only=True)
+    listed.add_argument("--json", action="store_true")
     for name, text in (
         ("show", "show a schedule, its next slots and its latest runs"),
         ("pause", "stop triggering a schedule"),
@@ -61,6 +63,7 @@ def register(sub: Any) -> None:
         op = ops.add_parser(name, help=text)
         op.add_argument("name")
         if name == "show":
+            op.set_defaults(reads_only=True)
             op.add_argument("--json", action="store_true")
 
 

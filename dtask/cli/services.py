@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,11 @@ def register(sub: Any) -> None:
         action="store_true",
         help="restart workers, beat and the API when a DTASK_TEMPLATES file changes",
     )
+    up.add_argument(
+        "--attach",
+        action="store_true",
+        help="follow the logs of the dtask up already running in this DTASK_HOME (one per home)",
+    )
 
     flower = sub.add_parser("flower", help="run Flower for dtask's workers and tasks")
     flower.set_defaults(handler=_cmd_flower)
@@ -57,7 +63,7 @@ def register(sub: Any) -> None:
         "--force", action="store_true", help="even while workers of this stack are running"
     )
     workers = sub.add_parser("workers", help="list the live workers: queues and child slots")
-    workers.set_defaults(handler=_cmd_workers)
+    workers.set_defaults(handler=_cmd_workers, reads_only=True)
     workers.add_argument("--json", action="store_true")
     config = sub.add_parser("config", help="print the effective DTASK_* settings, secrets masked")
     config.set_defaults(handler=_cmd_config)
@@ -81,11 +87,22 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
+    from dtask.local import supervisor
     from dtask.services import embedded
     from dtask.settings import load
 
     config = load()
     home = config.home
+    up = supervisor.running(home)
+    if not args.force and up is not None:
+        pid = up.get("pid")
+        raise ConfigurationError(
+            f"a dtask up runs in {home}"
+            + (f" (pid {pid})" if pid else "")
+            + ": stop it with Ctrl-C where it runs"
+            + (f" (or kill {pid})" if pid else "")
+            + ", or `dtask down --force`"
+        )
     if not args.force and config.embedded_database and _embedded_postgres_alive(home):
         from dtask.client.workers import live_workers
 
@@ -146,8 +163,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     import threading
 
     from dtask.exceptions import DtaskError
+    from dtask.local import supervisor
     from dtask.local.reload import Watch
     from dtask.local.stack import Stack
+    from dtask.settings import load
 
     stack = Stack(
         workers=args.workers,
@@ -161,39 +180,41 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    try:
-        stack.start()
-        stack.wait_ready()
-        print("dtask is up:")
-        for line in stack.describe():
-            print(f"  {line}")
-        print("Ctrl-C stops everything.", flush=True)
-        reported: set[str] = set()
-        watch = Watch(stack.settings.templates) if args.reload and stack.settings else None
-        if watch is not None:
-            names = ", ".join(watch.modules) or "none: set DTASK_TEMPLATES"
-            print(f"dtask up: reloading when a template module changes ({names})", flush=True)
-        while not stopping.wait(1):
-            changed = watch.changed() if watch is not None else []
-            if changed:
-                print(f"dtask up: {', '.join(p.name for p in changed)} changed: reloading...")
-                reported.clear()
-                try:
-                    stack.reload()
-                except DtaskError as exc:  # e.g. a syntax error just saved: fix it, save again
-                    print(f"dtask up: reload failed: {exc}; watching for the next change")
-                else:
-                    print("dtask up: reloaded", flush=True)
-            for child in stack.unexpected_exits():
-                if child.name not in reported:
-                    reported.add(child.name)
-                    print(
-                        f"dtask up: {child.name} exited ({child.proc.returncode}); see {child.log}"
-                    )
-    finally:
-        print("dtask up: stopping...", flush=True)
-        stack.stop()
-        print("dtask up: stopped", flush=True)
+    home = load().home
+    if args.attach:
+        if not supervisor.follow(home, sys.stdout, stopping.wait):
+            raise ConfigurationError(f"no dtask up runs in {home}: start one with `dtask up`")
+        return EXIT_OK
+    with supervisor.one_stack(home) as record:
+        try:
+            stack.start()
+            stack.wait_ready()
+            described = stack.describe()
+            record(described)
+            print("dtask is up:")
+            for line in described:
+                print(f"  {line}")
+            print("Ctrl-C stops everything.", flush=True)
+            watch = Watch(stack.settings.templates) if args.reload and stack.settings else None
+            if watch is not None:
+                names = ", ".join(watch.modules) or "none: set DTASK_TEMPLATES"
+                print(f"dtask up: reloading when a template module changes ({names})", flush=True)
+            while not stopping.wait(1):
+                changed = watch.changed() if watch is not None else []
+                if changed:
+                    print(f"dtask up: {', '.join(p.name for p in changed)} changed: reloading...")
+                    try:
+                        stack.reload()
+                    except DtaskError as exc:  # a syntax error just saved: fix it, save again
+                        print(f"dtask up: reload failed: {exc}; watching for the next change")
+                    else:
+                        print("dtask up: reloaded", flush=True)
+                stack.supervise()
+                sys.stdout.flush()
+        finally:
+            print("dtask up: stopping...", flush=True)
+            stack.stop()
+            print("dtask up: stopped", flush=True)
     return EXIT_OK
 
 

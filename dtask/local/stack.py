@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dtask import services
 from dtask.exceptions import ConfigurationError, DtaskError
+from dtask.local.supervisor import Backoff, exited, rotate
 from dtask.services import embedded
 from dtask.services.extras import require
 from dtask.settings import Settings, load, mask
@@ -38,7 +39,10 @@ class Child:
     proc: subprocess.Popen[bytes]
     log: Path
     command: list[str] = field(default_factory=list)
-    since: int = 0  # where this process's output starts in its log (a reload appends)
+    since: int = 0  # where this process's output starts in its log (logs are appended to)
+    started: float = field(default_factory=time.monotonic)
+    backoff: Backoff = field(default_factory=Backoff)
+    restart_at: float | None = None  # once it exited: when it is started again
 
     def output(self) -> str:
         if not self.log.exists():
@@ -212,19 +216,40 @@ class Stack:
                 child.proc.wait(10)
             self.children.remove(child)
         for child in old:
-            self._spawn(child.name, child.command, append=True)
+            self._spawn(child.name, child.command)
         self.wait_ready()
 
-    def _spawn(self, name: str, command: list[str], append: bool = False) -> Child:
+    def _spawn(self, name: str, command: list[str], backoff: Backoff | None = None) -> Child:
         log = self.logs / f"{name}.log"
-        since = log.stat().st_size if append and log.exists() else 0
-        with log.open("ab" if append else "wb") as out:
+        with log.open("ab") as out:  # appended to (a restart empties no log), rotated at a size
+            since = out.tell()
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        child = Child(name, proc, log, command, since)
+        child = Child(name, proc, log, command, since, backoff=backoff or Backoff())
         self.children.append(child)
         return child
+
+    def supervise(self) -> None:
+        """One look after the processes (`dtask up` takes one a second): one that exited is
+        said in a line and started again after its backoff; a log past its size is rotated."""
+        now = time.monotonic()
+        for child in list(self.children):
+            if rotate(child.log):
+                child.since = 0
+            if child.proc.poll() is None:
+                continue
+            if child.restart_at is None:
+                code, uptime = child.proc.returncode, now - child.started
+                said, delay = exited(
+                    child.name, code, uptime, child.output(), child.log, child.backoff
+                )
+                child.restart_at = now + delay
+                self.report(said)
+            elif now >= child.restart_at:
+                self.children.remove(child)
+                again = self._spawn(child.name, child.command, child.backoff)
+                self.report(f"dtask up: {child.name} started again (pid {again.proc.pid})")
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -279,9 +304,6 @@ class Stack:
     def kill(self, child: Child, sig: signal.Signals = signal.SIGKILL) -> None:
         os.killpg(child.proc.pid, sig)
         child.proc.wait(20)
-
-    def unexpected_exits(self) -> list[Child]:
-        return [c for c in self.children if c.proc.poll() is not None]
 
     def stop(self, grace: float = 20) -> None:
         self._stopping.set()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dtask import settings as settings_module
 from dtask.db import Database, Limits, Store, engine_for, schema
-from dtask.exceptions import ConfigurationError
+from dtask.exceptions import ConfigurationError, StackDown
 from dtask.services import embedded
 from dtask.settings import Settings
 
@@ -30,6 +30,7 @@ class Services:
 
 _lock = threading.Lock()
 _current: Services | None = None
+_attach_only = False
 _broker_ready: Services | None = None
 _migrated: set[str] = set()
 _loaded_templates = False
@@ -50,10 +51,30 @@ def current() -> Services:
     with _lock:
         if _current is None:
             config = settings_module.load()
-            database = config.database_url or embedded.postgres_url(config.home)
+            database = config.database_url or _embedded_postgres(config.home)
             broker, backend = broker_urls(config)
             _current = Services(config, database, broker, backend)
         return _current
+
+
+def attach_only() -> None:
+    """This process only reads: it uses the embedded services where they run and never starts
+    them (``dtask runs`` after ``dtask up`` stopped says so, and leaves nothing running)."""
+    global _attach_only
+    _attach_only = True
+
+
+def _stack_down(home: Path, what: str) -> StackDown:
+    return StackDown(
+        f"the local stack in {home} is not running (its {what} is stopped): start it with"
+        " `dtask up`, or set DTASK_DATABASE_URL and DTASK_BROKER_URL to running services"
+    )
+
+
+def _embedded_postgres(home: Path) -> str:
+    if _attach_only and not embedded.postgres_alive(home):
+        raise _stack_down(home, "PostgreSQL")
+    return embedded.postgres_url(home)
 
 
 def refuse_mixed() -> None:
@@ -75,7 +96,10 @@ def ensure_broker() -> Services:
     refuse_mixed()
     resolved = current()
     if resolved.settings.embedded_broker or resolved.settings.embedded_result_backend:
-        embedded.ensure_redis(resolved.settings.home)
+        home = resolved.settings.home
+        if _attach_only and not embedded.redis_alive(home):
+            raise _stack_down(home, "Redis")
+        embedded.ensure_redis(home)
     _broker_ready = resolved
     return resolved
 

@@ -137,6 +137,10 @@ def redis_url(home: Path) -> str:
     return f"redis+socket://{redis_socket(home)}"
 
 
+def redis_alive(home: Path) -> bool:
+    return _redis_alive(redis_socket(home))
+
+
 def _redis_alive(socket: Path) -> bool:
     import redis
 

@@ -250,6 +250,12 @@ def test_up_reload_restarts_the_workers_when_a_template_file_changes(tmp_path: P
         wait_for(lambda: said("Ctrl-C stops everything."), 120, "dtask up to be up")
         assert said("reloading when a template module changes (myjobs)")
         assert result() == "1"
+        (folder / "myjobs.py").write_text(VERSIONED.format(version=1) + "\ndef broken(:\n")
+        wait_for(lambda: said("the same error (2 times in a row)"), 120, "a crash loop")
+        assert said("dtask up: reload failed: worker-1 exited at start:")
+        assert said("which has a syntax error: ") and said("worker-1 exited (exit code 2) after")
+        assert said("restarting it in 1 s") and said("restarting it in 2 s")
+        assert up.poll() is None  # the stack goes on, waiting for the fix
         (folder / "myjobs.py").write_text(VERSIONED.format(version=2))
         wait_for(lambda: said("dtask up: reloaded"), 120, "the reload")
         assert said("myjobs.py changed: reloading...")
