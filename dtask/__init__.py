@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from dtask.domain.bulk import Outcome, Submitted
 from dtask.domain.clients import Client, Rate, Tier
 from dtask.domain.context import ChildContext
+from dtask.domain.dates import DateRangeSplit
 from dtask.domain.deadlines import OnLate
 from dtask.domain.params import Param
 from dtask.domain.runs import ChildCounts, ChildState, RunState, RunStatus
@@ -172,6 +173,7 @@ __all__ = [
     "ConfigurationError",
     "Conflict",
     "DatabaseUnavailable",
+    "DateRangeSplit",
     "DtaskError",
     "ExecutionCapExceeded",
     "Invalid",

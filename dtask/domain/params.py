@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
 
 from dtask.domain.limits import text_problem
 from dtask.exceptions import InvalidVariables, TemplateDefinitionError
 
-_PARAM_TYPES: dict[type, str] = {int: "int", float: "float", str: "str", bool: "bool"}
+_PARAM_TYPES: dict[type, str] = {
+    int: "int", float: "float", str: "str", bool: "bool", date: "date", datetime: "datetime"
+}  # fmt: skip
+_EXAMPLE: dict[type, str] = {date: "2026-03-01", datetime: "2026-03-01T09:00:00+01:00"}
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 
@@ -19,8 +23,8 @@ class Param:
     """A typed template parameter, optionally bounded and optional."""
 
     type: type
-    min: float | None = None
-    max: float | None = None
+    min: Any = None  # a number; for a date or datetime, one (or its ISO 8601 text)
+    max: Any = None
     default: Any = None
     required: bool = True
 
@@ -32,13 +36,25 @@ class Param:
             )
         if self.default is not None:
             object.__setattr__(self, "required", False)
+        if self.type in _EXAMPLE:  # kept as ISO 8601 text: variables are JSON
+            for bound in ("min", "max", "default"):
+                if getattr(self, bound) is None:
+                    continue
+                try:
+                    object.__setattr__(self, bound, self.check(bound, getattr(self, bound)))
+                except InvalidVariables as exc:
+                    said = str(exc).replace(f"variable {bound!r}", f"a {self.type_name}'s {bound}")
+                    raise TemplateDefinitionError(said) from None
 
     @property
     def type_name(self) -> str:
         return _PARAM_TYPES[self.type]
 
     def check(self, name: str, value: Any) -> Any:
-        """Return the value if it has this parameter's type and bounds; raise otherwise."""
+        """Return the value if it has this parameter's type and bounds; raise otherwise. A date
+        or datetime is returned as ISO 8601 text (a datetime with its offset)."""
+        if self.type in _EXAMPLE:
+            return self._moment(name, value)
         ok = isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
@@ -57,8 +73,36 @@ class Param:
             raise InvalidVariables(f"variable {name!r} must be <= {self.max}, got {value!r}")
         return value
 
+    def _moment(self, name: str, value: Any) -> str:
+        try:
+            moment = _moment_of(self.type, value)
+        except ValueError:
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise InvalidVariables(
+                f"variable {name!r} must be an ISO 8601 {self.type_name} like"
+                f" {_EXAMPLE[self.type]}, got {shown}"
+            ) from None
+        if isinstance(moment, datetime) and moment.utcoffset() is None:
+            raise InvalidVariables(
+                f"variable {name!r} must name its time zone, like {_EXAMPLE[datetime]} or"
+                f" {_EXAMPLE[datetime][:19]}Z, got {moment.isoformat()!r}"
+            )
+        low = None if self.min is None else _moment_of(self.type, self.min)
+        high = None if self.max is None else _moment_of(self.type, self.max)
+        if low is not None and moment < low:
+            raise InvalidVariables(
+                f"variable {name!r} must be >= {self.min}, got {moment.isoformat()}"
+            )
+        if high is not None and moment > high:
+            raise InvalidVariables(
+                f"variable {name!r} must be <= {self.max}, got {moment.isoformat()}"
+            )
+        return moment.isoformat()
+
     def parse(self, name: str, text: str) -> Any:
         """Turn command-line text into a value of this parameter's type."""
+        if self.type in _EXAMPLE:
+            return self.check(name, text)
         try:
             if self.type is bool:
                 lowered = text.strip().lower()
@@ -77,6 +121,16 @@ class Param:
             raise InvalidVariables(
                 f"variable {name!r} must be {self.type_name}, got {shown}"
             ) from None
+
+
+def _moment_of(kind: type, value: Any) -> date:
+    """A date or a datetime from itself or its ISO 8601 text; ValueError otherwise."""
+    if isinstance(value, str):
+        text = value.strip()
+        value = datetime.fromisoformat(text) if kind is datetime else date.fromisoformat(text)
+    if not isinstance(value, date) or isinstance(value, datetime) != (kind is datetime):
+        raise ValueError(value)
+    return value
 
 
 def as_param(name: str, spec: type | Param) -> Param:
