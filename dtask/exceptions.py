@@ -148,7 +148,12 @@ class MissingExtra(ConfigurationError):
     """A feature needs an optional part of dtask that is not installed (`pip install dtask[x]`)."""
 
 
-class InvalidResult(DtaskError):
+class Permanent(DtaskError):
+    """A child's error that no retry can mend: raised by a child function (or one of its
+    template's ``dont_retry_on``), its attempt fails for good at once."""
+
+
+class InvalidResult(Permanent):
     """A child's return value or a run's reduced result cannot be kept (not JSON, too big),
     or the template's reduce raised."""
 

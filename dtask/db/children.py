@@ -367,20 +367,28 @@ class ChildStore(ChildReads):
             return bool(conn.execute(sql(f"SELECT {unfinished(':r')}"), {"r": run_id}).scalar())
 
     def fail_attempt(
-        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
+        self,
+        claim: Claim,
+        error: str,
+        traceback: str | None = None,
+        output: str | None = None,
+        final: bool = False,
     ) -> ChildState:
         """Record a failed attempt (its error line, traceback and last printed lines): back to
-        pending for a retry, or failed when none are left."""
+        pending for a retry, or failed when none are left or it is ``final`` (a permanent
+        error)."""
+        ends = "(:final OR attempt + :counts >= max_attempts)"
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children SET attempt = attempt + :counts,"
-                    " state = CASE WHEN attempt + :counts >= max_attempts"
-                    "   THEN 'failed' ELSE 'pending' END,"
-                    " error = CASE WHEN attempt + :counts >= max_attempts"
+                    f" state = CASE WHEN {ends} THEN 'failed' ELSE 'pending' END,"
+                    " error = CASE WHEN :final THEN 'not retried (a permanent error) at attempt '"
+                    "   || (attempt + :counts) || ': ' || :error"
+                    "   WHEN attempt + :counts >= max_attempts"
                     "   THEN 'gave up after ' || (attempt + :counts) || ' attempt(s): ' || :error"
                     "   ELSE :error END,"
-                    " finished_at = CASE WHEN attempt + :counts >= max_attempts THEN now() END,"
+                    f" finished_at = CASE WHEN {ends} THEN now() END,"
                     " started_at = coalesce(started_at, now()),"
                     " traceback = :traceback, output = :output,"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
@@ -394,6 +402,7 @@ class ChildStore(ChildReads):
                     "error": error,
                     "traceback": traceback,
                     "output": output,
+                    "final": final,
                 },
             ).first()
         if row is None:

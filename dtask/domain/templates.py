@@ -33,6 +33,7 @@ from dtask.exceptions import (
     DtaskError,
     InvalidExecutionCap,
     InvalidVariables,
+    Permanent,
     SplitFailed,
     TemplateDefinitionError,
     UnknownTemplate,
@@ -123,6 +124,20 @@ class TemplateOptions:
     on_late: OnLate = OnLate.RUN
     tier: Tier | None = None  # None: the client's tier (basic without one)
     stealable: bool = True  # a range child may give its rest's second half away (elastic.md)
+    retry_on: tuple[type[BaseException], ...] | None = None  # None: every exception retries
+    dont_retry_on: tuple[type[BaseException], ...] = ()
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether a child's failed attempt with ``exc`` is tried again (attempts left): never
+        for ``Permanent``; dtask's own errors (a cap exceeded, a command's exit code) always;
+        the user's unless ``dont_retry_on`` names them or ``retry_on`` does not."""
+        if isinstance(exc, Permanent):
+            return False
+        if isinstance(exc, DtaskError):
+            return True
+        if isinstance(exc, self.dont_retry_on):
+            return False
+        return self.retry_on is None or isinstance(exc, self.retry_on)
 
 
 @dataclass(frozen=True)
@@ -494,6 +509,17 @@ def _origin(fn: Callable[..., Any]) -> str:
 registry = Registry()
 
 
+def _exceptions(given: Any, option: str, name: str) -> tuple[type[BaseException], ...]:
+    """An exception class or a tuple of them; a definition error otherwise."""
+    found = given if isinstance(given, tuple) else (given,)
+    if not all(isinstance(e, type) and issubclass(e, BaseException) for e in found):
+        raise TemplateDefinitionError(
+            f"template {name!r}: {option} takes an exception class or a tuple of them,"
+            f" got {given!r:.80}"
+        )
+    return found
+
+
 def _tier(tier: Tier | str | None, name: str) -> Tier | None:
     try:
         return tier_of(tier) if isinstance(tier, str) else tier
@@ -517,6 +543,8 @@ def template(
     tier: Tier | str | None = None,
     reduce: Reduce | None = None,
     stealable: bool = True,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    dont_retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README). ``reduce``, if
     given, receives the list of the children's return values in index order when the run
@@ -541,6 +569,8 @@ def template(
                     on_late=on_late_of(on_late, f"template {name!r}"),
                     tier=_tier(tier, name),
                     stealable=bool(stealable),
+                    retry_on=None if retry_on is None else _exceptions(retry_on, "retry_on", name),
+                    dont_retry_on=_exceptions(dont_retry_on, "dont_retry_on", name),
                 ),
                 reduce=reduce,
             )

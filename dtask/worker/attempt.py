@@ -196,7 +196,8 @@ class Attempt:
         d, claim = self.delivery, self.claim
         error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
         output = self.printed.text() if self.printed else None
-        state = self.store.children.fail_attempt(claim, error, _traceback(exc), output)
+        final = not self.template.options.retries(exc)
+        state = self.store.children.fail_attempt(claim, error, _traceback(exc), output, final)
         if state is ChildState.FAILED:
             log.error("%s failed for good: %s", d, error)
             finalize_if_last(self.store, d.run_id)

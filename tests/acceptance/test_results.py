@@ -5,6 +5,7 @@ them (in index order) into the run's result, shown by `dtask result`, `status --
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,27 @@ def test_result_of_an_unfinished_run_says_so(
     assert shown.returncode == 3
     assert f"run {run.id} is pending: no result yet (dtask result {run.id} --wait)" in shown.stderr
     run.revoke()
+
+
+@pytest.mark.parametrize(
+    ("how", "attempts", "says"),
+    [
+        (
+            "permanent",
+            1,
+            "not retried (a permanent error) at attempt 1: the input file is malformed",
+        ),
+        ("key", 1, "not retried (a permanent error) at attempt 1: KeyError: 'no customer 42'"),
+        ("set", 1, "not retried (a permanent error) at attempt 1: run "),
+        ("value", 3, "gave up after 3 attempt(s): ValueError: the service said 503"),
+    ],
+)
+def test_a_permanent_error_fails_the_child_at_once_and_others_are_retried(
+    dtask_env: dict[str, str], workers: list[WorkerProcess], how: str, attempts: int, says: str
+) -> None:
+    run = dtask.submit("fails_how", {"how": how})
+    status = run.wait(timeout=120)
+    assert status.state is dtask.RunState.FAILED
+    assert says in (status.error or ""), status.error
+    sink = Path(dtask_env["DTASK_TEST_SINK"]) / f"{run.id}-0.txt"
+    assert sink.read_text().splitlines() == [f"attempt {n}" for n in range(1, attempts + 1)]

@@ -211,6 +211,17 @@ def test_the_last_failed_attempt_fails_the_child_for_good(world: World) -> None:
     assert (refused.reason, refused.error) == (ClaimRefusal.FAILED, error)
 
 
+def test_a_permanent_error_fails_the_child_at_once_with_attempts_left(world: World) -> None:
+    run = world.run(max_attempts=3)
+    world.children.fail_attempt(world.claim(run), "ValueError: one")
+    ends = world.children.fail_attempt(world.claim(run), "KeyError: 'x'", None, None, final=True)
+    assert ends is ChildState.FAILED
+    error = "not retried (a permanent error) at attempt 2: KeyError: 'x'"
+    assert world.seen(run)[:2] == (ChildState.FAILED, 2)
+    assert world.children.error(run, 0) == error
+    assert world.refusal(run).reason is ClaimRefusal.FAILED
+
+
 @pytest.mark.parametrize("attempts", [1, 2, 3])
 def test_each_failed_attempt_but_the_last_goes_back_to_pending(world: World, attempts: int) -> None:
     run = world.run(max_attempts=attempts)

@@ -229,14 +229,22 @@ class MemoryChildren:
             return any(not c.state.finished for c in self.t.of_run(run_id))
 
     def fail_attempt(
-        self, claim: Claim, error: str, traceback: str | None = None, output: str | None = None
+        self,
+        claim: Claim,
+        error: str,
+        traceback: str | None = None,
+        output: str | None = None,
+        final: bool = False,
     ) -> ChildState:
         self._hook("fail_attempt", claim)
         with self.t.lock:
             row = self._owned(claim, "fail_attempt")
             row.attempt = row.counted(claim.uncounted)
             now = self.t.clock()
-            if row.attempt >= row.max_attempts:
+            if final:
+                why = f"not retried (a permanent error) at attempt {row.attempt}: {error}"
+                self._fail(row, why)
+            elif row.attempt >= row.max_attempts:
                 self._fail(row, f"gave up after {row.attempt} attempt(s): {error}")
             else:
                 row.state, row.error, row.finished_at = ChildState.PENDING, error, None

@@ -519,3 +519,25 @@ def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]
                 time.sleep(slow[2])
             out.write(f"{i} {message}\n")
             out.flush()
+
+
+@dtask.template(
+    "fails_how",
+    params={"how": str},
+    skeleton={"how": "${how}"},
+    split=lambda r: [{"how": r["how"]}],
+    max_attempts=3,
+    dont_retry_on=KeyError,
+)
+def fails_how(ctx: dtask.ChildContext, how: str) -> object:
+    """Fails per ``how``: "permanent" raises dtask.Permanent, "key" a KeyError (the template's
+    dont_retry_on), "value" a ValueError (retried), "set" returns something not JSON."""
+    with _sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt}\n")
+    if how == "permanent":
+        raise dtask.Permanent("the input file is malformed")
+    if how == "key":
+        raise KeyError("no customer 42")
+    if how == "set":
+        return {1, 2}
+    raise ValueError("the service said 503")
