@@ -76,11 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return services.run_worker(argv[1:])
         _stacks_on_sigusr1()
         args = parser().parse_args(argv)
-        if getattr(args, "reads_only", False):  # never starts the embedded services
-            from dtask.services import attach_only
+        if not getattr(args, "reads_only", False):
+            code: int = args.handler(args)
+            return code
+        from dtask.services import attach_only
 
-            attach_only()
-        code: int = args.handler(args)
+        with attach_only():  # never starts the embedded services
+            code = args.handler(args)
         return code
     except DtaskError as exc:
         if interrupted(exc):  # Ctrl-C in a database call, reported as the call's failure

@@ -9,7 +9,8 @@ import importlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +58,17 @@ def current() -> Services:
         return _current
 
 
-def attach_only() -> None:
-    """This process only reads: it uses the embedded services where they run and never starts
-    them (``dtask runs`` after ``dtask up`` stopped says so, and leaves nothing running)."""
+@contextmanager
+def attach_only() -> Iterator[None]:
+    """Within the block this process only reads: it uses the embedded services where they
+    run and never starts them (``dtask runs`` after ``dtask up`` stopped says so, and leaves
+    nothing running)."""
     global _attach_only
-    _attach_only = True
+    before, _attach_only = _attach_only, True
+    try:
+        yield
+    finally:
+        _attach_only = before
 
 
 def _stack_down(home: Path, what: str) -> StackDown:
