@@ -16,7 +16,32 @@ TEMPLATES_HELP = (
 )
 
 
+class _WithDefaults(argparse.HelpFormatter):
+    """Every option's default in its help, unless the help says it already (or there is
+    none to say: off, unset, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        unsaid = default in (None, False, argparse.SUPPRESS) or default == []
+        if unsaid or "default" in text or not action.option_strings:
+            return text
+        return f"{text} (default: {default})".strip()
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _WithDefaults)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.help and action.option_strings and action.default not in (
+            None, False, argparse.SUPPRESS, []
+        ):  # fmt: skip
+            action.help = f"default: {action.default}"  # argparse shows no help-less default
+        return action
+
     def error(self, message: str) -> Any:  # one line, exit 2, like every other bad input
         self.exit(EXIT_BAD_INPUT, f"dtask: error: {message} (see `{self.prog} --help`)\n")
 

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
     children.add_argument(
         "--limit", type=limit, default=100, help="at most this many (default 100)"
     )
-    children.add_argument("--json", action="store_true", help="one JSON object per line")
+    children.add_argument("--json", action="store_true", help="one JSON array of the children")
 
 
 def _cmd_children(args: argparse.Namespace) -> int:
@@ -38,10 +38,16 @@ def _cmd_children(args: argparse.Namespace) -> int:
         page = store.children.page(args.run_id, state, min(PAGE, args.limit - shown), after)
         if not page:
             break
-        for child in page:
-            print(json.dumps(child.as_json()) if args.json else _line(child))
-        shown, after = shown + len(page), page[-1].index
-    if not shown and not args.json:
+        for child in page:  # a JSON array streamed a page at a time, as the lines are
+            if args.json:
+                print(("[" if not shown else ",") + json.dumps(child.as_json()))
+            else:
+                print(_line(child))
+            shown += 1
+        after = page[-1].index
+    if args.json:
+        print("]" if shown else "[]")
+    elif not shown:
         print(f"run {args.run_id} has no {args.state or ''} children".replace("  ", " "))
     return EXIT_OK
 

@@ -91,6 +91,9 @@ def register(sub: Any) -> None:
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
     submit.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
+    submit.add_argument(
+        "-q", "--quiet", action="store_true", help="print only the run's id (for --after $(...))"
+    )
 
     status = sub.add_parser("status", help="show a run's state and its children's progress")
     status.set_defaults(handler=_cmd_status, reads_only=True)
@@ -129,7 +132,8 @@ def register(sub: Any) -> None:
 
     runs = sub.add_parser("runs", help="list recent runs")
     runs.set_defaults(handler=_cmd_runs, reads_only=True)
-    runs.add_argument("--json", action="store_true")
+    runs.add_argument("--json", action="store_true", help="one JSON array of the runs")
+    runs.add_argument("-q", "--ids", action="store_true", help="print only their ids, one a line")
     runs.add_argument("--limit", type=limit, default=50)
     runs.add_argument("--client", help="only the runs of this client")
     runs.add_argument("--state", choices=[s.value for s in RunState], help="only runs in it")
@@ -227,8 +231,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 raise InvalidVariables(f"{flag} is for one run: with --from, give keys per line")
         return submit_lines(tpl.name, args.source, variables, args.json, **options)
     run = submit(tpl.name, variables, key=args.key, **options)
+    if args.quiet:
+        print(run.id, flush=True)
     try:
-        if not args.json:
+        if not args.json and not args.quiet:
             verb = "submitted" if run.created else "already exists for this key"
             status = run.status()
             if status.waiting_for:
@@ -238,14 +244,16 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
         _warn_if_nobody_consumes(run.id)
         if args.wait:
-            status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not args.json)
-            _print_status(status, args.json)
+            quiet = args.quiet or args.json
+            status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not quiet)
+            if not args.quiet:
+                _print_status(status, args.json)
             return _outcome(status)
     except BaseException as exc:
         if interrupted(exc):
             _interrupted(run.id)
         raise
-    if args.json:
+    if args.json and not args.quiet:
         _print_status(run.status(), True)
     return EXIT_OK
 
@@ -340,6 +348,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     )
     if args.json:
         print(json.dumps([s.as_json() for s in statuses]))
+        return EXIT_OK
+    if args.ids:
+        print("\n".join(str(s.id) for s in statuses))
         return EXIT_OK
     print(
         f"{'ID':>6}  {'TEMPLATE':<20} {'STATE':<10} {'OK':>7} {'FAILED':>7} {'TOTAL':>7}"

@@ -27,7 +27,7 @@ def test_children_list_and_a_failed_childs_traceback(
     assert "failed" in lines[1] and "attempt 3/3" in lines[1] and "item 15 is poison" in lines[1]
     assert "succeeded" in lines[0] and "succeeded" in lines[2]
     failed = cli(dtask_env, "children", str(run.id), "--state", "failed", "--json")
-    rows = [json.loads(line) for line in failed.stdout.splitlines()]
+    rows = json.loads(failed.stdout)  # one JSON document, as every --json prints
     assert [(r["index"], r["state"], r["spec"]) for r in rows] == [
         (1, "failed", {"a": 11, "b": 20, "bad": 15})
     ]
@@ -55,3 +55,22 @@ def test_a_childs_log_lines_name_its_template_run_and_child(
     for index in (0, 1):
         line = f"logs run {run.id} child {index}: working on {index + 1}..{index + 1}"
         assert re.search(rf"INFO/ForkPoolWorker-\d+\] {re.escape(line)}$", logged, re.M), line
+
+
+def test_scripting_submit_q_after_it_and_runs_q(
+    dtask_env: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    first = cli(dtask_env, "submit", "print_range", "--var", "n=5", "-q")
+    assert first.returncode == 0 and re.fullmatch(r"\d+\n", first.stdout), first
+    then = cli(dtask_env, "submit", "print_range", "--var", "n=5", "-q", "--wait",
+               "--after", first.stdout.strip())  # fmt: skip
+    assert then.returncode == 0 and re.fullmatch(r"\d+\n", then.stdout), then
+    latest = cli(dtask_env, "runs", "-q", "--limit", "2", "--template", "print_range")
+    assert latest.stdout.split() == [then.stdout.strip(), first.stdout.strip()]
+    none = cli(dtask_env, "children", then.stdout.strip(), "--state", "failed", "--json")
+    assert json.loads(none.stdout) == []
+    helped = cli(dtask_env, "children", "--help").stdout
+    assert "--limit LIMIT" in helped and "(default 100)" in helped
+    assert "--client CLIENT" in cli(dtask_env, "submit", "--help").stdout
+    assert "(default: default)" in cli(dtask_env, "submit", "--help").stdout
+    assert "default: 5555" in cli(dtask_env, "up", "--help").stdout
