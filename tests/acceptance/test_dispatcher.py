@@ -135,9 +135,17 @@ def test_a_high_priority_run_overtakes_a_backlog(
     first = next(at for at, run in starts(urgent) if run == urgent)
     waited = (first - created(urgent)).total_seconds()
     done_then = finished(backlog)
-    print(f"\nurgent run: first child {waited:.2f} s after submit; backlog {done_then}/300 done")
+    both = starts(urgent, backlog)
+    last = max(at for at, run in both if run == urgent)
+    between = sum(1 for at, run in both if run == backlog and first < at < last)
+    print(f"\nurgent run: first child {waited:.2f} s after submit; backlog {done_then}/300 done;"
+          f" {between} backlog children started between its first and last")  # fmt: skip
     assert waited < 2.0
-    assert done_then < 150  # under half
+    # its children went ahead: only backlog children already taken or in a worker's prefetch
+    # started among them (0-3 on a quiet machine; a count, so a busy one does not move it, where
+    # the backlog's progress by then did: 30-44 of 300 quiet, 155 under a parallel suite)
+    assert between <= 16
+    assert done_then < 250
     wait_for(lambda: state(backlog) == "succeeded", 120, "the backlog")
 
 
