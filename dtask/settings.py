@@ -305,6 +305,16 @@ class Settings(BaseSettings):
             "anyway"
         ),
     )
+    default_execution_cap: float | None = Field(
+        None,
+        gt=0,
+        le=366 * _DAY,
+        json_schema_extra={"shown": "none"},
+        description=(
+            "seconds one attempt of a child may run where neither its run nor its template sets "
+            "an execution cap; unset = no cap"
+        ),
+    )
     execution_cap_grace: float = Field(
         5.0,
         ge=0.0,

@@ -53,7 +53,8 @@ class Attempt:
     ) -> None:
         self.delivery, self.store, self.claim, self.config = delivery, store, claim, config
         self.template = registry.get(delivery.template)
-        cap = claim.execution_cap or self.template.options.execution_cap
+        options = self.template.options
+        cap = claim.execution_cap or options.execution_cap or config.default_execution_cap
         self.cap = Cap(cap, delivery, claim.attempt)
         grace = config.execution_cap_grace
         self.beat = Heartbeat(

@@ -76,13 +76,15 @@ def store(monkeypatch: pytest.MonkeyPatch) -> MemoryStore:
     return memory
 
 
-def run(store: MemoryStore, name: str, task: FakeTask | None = None) -> None:
+def run(
+    store: MemoryStore, name: str, task: FakeTask | None = None, config: Settings = CONFIG
+) -> None:
     """What ``run_child`` does with a claimed child: run it, then finalize if it was last."""
     store.tables.runs[RUN].template = name  # the run is of the template under test
-    claim = store.children.claim(RUN, 0, "me", CONFIG.lease_ttl)
+    claim = store.children.claim(RUN, 0, "me", config.lease_ttl)
     assert isinstance(claim, Claim)
     delivery = OwnMessage(cast(Task, task or FakeTask()), RUN, 0, name, {"n": 10})
-    Attempt(delivery, store, claim, CONFIG, time.monotonic()).run()
+    Attempt(delivery, store, claim, config, time.monotonic()).run()
     delivery.finalize(store)
 
 
@@ -217,3 +219,19 @@ def test_over_its_execution_cap_a_stepping_child_fails_its_attempt(store: Memory
     c = store.row(RUN, 0)
     assert c.state is ChildState.PENDING and c.attempt == 1
     assert c.error == "run 1 child 0 attempt 1 exceeded its execution cap of 0.1 s"
+
+
+@pytest.mark.parametrize(("template_cap", "seen"), [(None, "0.1"), (0.2, "0.2")])
+def test_the_default_execution_cap_holds_where_no_template_or_run_sets_one(
+    store: MemoryStore, template_cap: float | None, seen: str
+) -> None:
+    def spins(ctx: dtask.ChildContext, store: MemoryStore) -> None:
+        while True:
+            ctx.checkpoint(ctx.checkpoint_state)
+            time.sleep(0.01)
+
+    capped = CONFIG.model_copy(update={"default_execution_cap": 0.1})
+    with pytest.raises(Retried):
+        run(store, template(spins, execution_cap=template_cap), config=capped)
+    error = store.row(RUN, 0).error
+    assert error == f"run 1 child 0 attempt 1 exceeded its execution cap of {seen} s"
