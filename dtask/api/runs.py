@@ -226,15 +226,17 @@ async def child_grid(run_id: int, token: Caller) -> dict[str, Any]:
     return await run_in_threadpool(_grid, token, run_id)
 
 
-def _act(token: Token, run_id: int, action: str) -> RunStatus:
+def _act(token: Token, run_id: int, action: str, terminate: bool = False) -> RunStatus:
     _visible(token, run_id)
     run = get_run(run_id)
-    return run.cancel() if action == "cancel" else run.rerun()
+    return run.cancel(terminate) if action == "cancel" else run.rerun()
 
 
 @router.post("/{run_id}/cancel")
-async def cancel_run(run_id: int, token: Caller) -> dict[str, Any]:
-    return (await run_in_threadpool(_act, token, run_id, "cancel")).as_json()
+async def cancel_run(run_id: int, token: Caller, terminate: bool = False) -> dict[str, Any]:
+    """``?terminate=true``: running children that do not stop at their next step within
+    DTASK_EXECUTION_CAP_GRACE have their pool process killed."""
+    return (await run_in_threadpool(_act, token, run_id, "cancel", terminate)).as_json()
 
 
 @router.post("/{run_id}/rerun")

@@ -129,6 +129,13 @@ def register(sub: Any) -> None:
         op.set_defaults(handler=handler)
         op.add_argument("run_id", type=run_id)
         op.add_argument("--json", action="store_true")
+        if name == "cancel":
+            op.add_argument(
+                "--terminate",
+                action="store_true",
+                help="kill the pool process of a running child that has not stopped at its next"
+                " step within DTASK_EXECUTION_CAP_GRACE (a hung child)",
+            )
 
     runs = sub.add_parser("runs", help="list recent runs")
     runs.set_defaults(handler=_cmd_runs, reads_only=True)
@@ -325,7 +332,7 @@ def _cmd_result(args: argparse.Namespace) -> int:
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from dtask.client.runs import get_run
 
-    _print_status(get_run(args.run_id).cancel(), args.json)
+    _print_status(get_run(args.run_id).cancel(args.terminate), args.json)
     return EXIT_OK
 
 

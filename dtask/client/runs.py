@@ -95,11 +95,13 @@ class Run:
             with contextlib.suppress(NotCancellable):
                 self.cancel()
 
-    def cancel(self) -> RunStatus:
-        """Cancel: pending children never start; running ones stop at their next checkpoint.
-        Idempotent; a run that already succeeded or failed raises NotCancellable."""
+    def cancel(self, terminate: bool = False) -> RunStatus:
+        """Cancel: pending children never start; running ones stop at their next checkpoint
+        (with ``terminate``, one that has not stopped within DTASK_EXECUTION_CAP_GRACE has its
+        pool process killed). Idempotent; a run that already succeeded or failed raises
+        NotCancellable."""
         store = services.store()
-        state = store.runs.cancel(self.id)
+        state = store.runs.cancel(self.id, terminate)
         if state is not RunState.CANCELLED:
             raise NotCancellable(f"run {self.id} already {state.value}: nothing to cancel")
         from dtask.worker.finalize import forget_run  # (see _eager)

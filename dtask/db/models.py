@@ -120,6 +120,8 @@ class RunRow(Base):
     chains: Mapped[list[Any] | None] = mapped_column(JSONB)
     # the live worker slots its split saw, where the split was by capacity (parts="slots")
     split_slots: Mapped[int | None] = mapped_column(Integer)
+    # cancelled with --terminate: a running child that does not stop is killed (migration 0033)
+    terminate: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)

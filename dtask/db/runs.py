@@ -264,16 +264,32 @@ class RunStore(BulkInserts):
             {"id": run_id},
         )
 
-    def cancel(self, run_id: int) -> RunState:
+    def cancel(self, run_id: int, terminate: bool = False) -> RunState:
         """pending|splitting|running -> cancelled. Pending children never start; running ones
-        stop at their next checkpoint and go back to pending (a rerun resumes them)."""
+        stop at their next checkpoint and go back to pending (a rerun resumes them); with
+        ``terminate``, one that does not stop within DTASK_EXECUTION_CAP_GRACE has its pool
+        process killed (``terminating``)."""
         with self.db.tx() as conn:
             lock_run(conn, run_id)
             run = self._record(conn, run_id)
             if run.state.finished:
                 return run.state
             self._set_run_state(conn, run_id, RunState.CANCELLED, error="cancelled")
+            conn.execute(
+                sql("UPDATE dtask_runs SET terminate = :terminate WHERE id = :id"),
+                {"id": run_id, "terminate": terminate},
+            )
             return RunState.CANCELLED
+
+    def terminating(self, run_id: int) -> bool:
+        """Whether the run was cancelled with ``terminate`` (asked by a child's heartbeat once
+        it saw the run cancelled)."""
+        with self.db.owner() as conn:
+            found = conn.execute(
+                sql("SELECT state = 'cancelled' AND terminate FROM dtask_runs WHERE id = :id"),
+                {"id": run_id},
+            ).scalar()
+        return bool(found)
 
     def rerun(self, run_id: int) -> RunState:
         """failed|cancelled -> pending or waiting (never split: waiting while an upstream runs

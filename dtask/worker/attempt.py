@@ -68,6 +68,7 @@ class Attempt:
             ),
             lease=config.lease_ttl,
             since=claimed_at,
+            on_stop=self._cancelled,
         )
         # sys.stdout is the process's: only a prefork pool process runs one child at a time
         self.printed = Tail(sys.stdout) if runaway.in_pool_process() else None
@@ -148,6 +149,25 @@ class Attempt:
             return None
         stealable = Stealable(a, b, lambda at: self._give_away(stealable, keys, at))
         return stealable
+
+    def _cancelled(self) -> None:
+        """The heartbeat saw the run stop running. Cancelled with ``terminate``: a child that
+        has not stopped at its next step within the grace has its pool process killed, released
+        first (a rerun resumes it from its checkpoint)."""
+        d, store, claim = self.delivery, self.store, self.claim
+        try:
+            if not store.runs.terminating(d.run_id):
+                return
+        except DtaskError as exc:
+            log.warning("%s: could not tell whether its cancel terminates: %s", d, exc)
+            return
+        why = f"{d} attempt {claim.attempt}: its run was cancelled with --terminate"
+        self.beat.end_by(
+            time.monotonic() + self.config.execution_cap_grace,
+            lambda: runaway.kill_this_pool_process(
+                why, lambda: store.children.release(claim, None)
+            ),
+        )
 
     def _give_away(self, stealable: Stealable, keys: tuple[str, str], at: int) -> bool:
         d, claim = self.delivery, self.claim

@@ -34,6 +34,7 @@ def reducer(run: RunRecord, load: Callable[[], list[Any]]) -> str | None:
 
 class Finalizes(Protocol):
     def get(self, run_id: int) -> RunRecord: ...
+    def terminating(self, run_id: int) -> bool: ...
     def finalize(
         self,
         run_id: int,

@@ -61,6 +61,7 @@ class Heartbeat:
         give_up: Callable[[], None] | None = None,
         lease: float = math.inf,
         since: float | None = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self._renew = renew
         self.interval = interval
@@ -72,6 +73,13 @@ class Heartbeat:
         self.lease = lease
         self.renewed_at = time.monotonic() if since is None else since
         self.last_error: str | None = None
+        self._on_stop = on_stop
+
+    def end_by(self, at: float, give_up: Callable[[], None]) -> None:
+        """Run ``give_up`` at ``at`` (monotonic) instead, if that is sooner and the block still
+        runs (a cancel that terminates)."""
+        if at < self.give_up_at:
+            self.give_up_at, self._give_up = at, give_up
 
     def renewed(self, sent_at: float) -> None:
         """A write that renews the lease (a checkpoint), sent at ``sent_at``, succeeded."""
@@ -119,6 +127,8 @@ class Heartbeat:
             return False
         self.renewed(sent_at)
         if state is not RunState.RUNNING and state is not RunState.SPLITTING:
+            if not self.stop_requested.is_set() and self._on_stop is not None:
+                self._on_stop()  # once, on this thread
             self.stop_requested.set()
         return True
 

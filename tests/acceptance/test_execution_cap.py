@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +99,30 @@ def test_an_attempt_over_its_execution_cap_fails_and_retries_from_its_checkpoint
     done = dtask.get_run(after).wait(timeout=60)
     assert done.state is dtask.RunState.SUCCEEDED, done.error
     assert worker.proc.poll() is None
+
+
+def test_cancel_terminate_stops_a_hung_child_within_seconds(
+    worker: WorkerProcess,
+    broker_env: dict[str, str],  # noqa: F811
+    sink: Path,
+) -> None:
+    pool_before = pool_pids(worker)
+    run_id = submit(broker_env, "hangs", n=8, hang_at=5, how="blocking")  # no cap: hangs an hour
+    wait_for(lambda: items(sink, run_id) == [1, 2, 3, 4], 60, "the child to hang at 5")
+    asked = time.monotonic()
+    cancelled = subprocess.run(
+        [DTASK, "cancel", str(run_id), "--terminate", "--json"],
+        env=broker_env, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["state"] == "cancelled"
+    # released as a cancel releases: back to pending, its attempt given back (a rerun resumes)
+    wait_for(lambda: children(run_id) == [(0, "pending", 0)], 30, "the child released")
+    hung = {pid for _, _, pid in attempts(sink, run_id)}
+    wait_for(lambda: not hung & pool_pids(worker), 30, "the hung pool process gone")
+    took = time.monotonic() - asked
+    print(f"\nhung child stopped {took:.1f} s after cancel --terminate")
+    assert took < 15, f"{took:.1f} s"
+    assert pool_pids(worker) != pool_before, "the pool replaced the killed process"
+    after = submit(broker_env, "slow_range", n=20, delay=0)
+    assert dtask.get_run(after).wait(timeout=60).state is dtask.RunState.SUCCEEDED

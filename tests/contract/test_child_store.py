@@ -49,6 +49,20 @@ def test_a_cancelled_run_s_children_are_not_taken(world: World) -> None:
     assert world.seen(run)[:3] == (ChildState.PENDING, 0, None)
 
 
+def test_only_a_cancel_that_terminates_is_terminating_and_a_later_cancel_says_anew(
+    world: World,
+) -> None:
+    plain, hard = world.run(), world.run()
+    assert not world.runs.terminating(plain)
+    world.runs.cancel(plain)
+    assert world.runs.cancel(hard, terminate=True) is RunState.CANCELLED
+    assert (world.runs.terminating(plain), world.runs.terminating(hard)) == (False, True)
+    world.runs.rerun(hard)
+    assert not world.runs.terminating(hard)  # running again: nothing to terminate
+    world.runs.cancel(hard)
+    assert not world.runs.terminating(hard)
+
+
 def test_a_splitting_run_s_children_are_taken(world: World) -> None:
     assert world.claim(world.run(dispatched=False)).fence == 1
 

@@ -52,6 +52,7 @@ class RunRow:
     unsent: int = 0  # children left to the dispatcher
     after: tuple[int, ...] = ()  # its upstreams (dtask_run_deps), in id order
     split_slots: int | None = None
+    terminate: bool = False  # cancelled with --terminate
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
 

@@ -207,12 +207,18 @@ class MemoryRuns:
         """No run here keeps Celery chains (``add_chain`` is not reached): nothing to send."""
         return False
 
-    def cancel(self, run_id: int) -> RunState:
+    def cancel(self, run_id: int, terminate: bool = False) -> RunState:
         with self.t.lock:
             run = self._run(run_id)
             if not run.state.finished:
                 deps.move(self.t, run, RunState.CANCELLED, error="cancelled")
+                run.terminate = terminate
             return run.state
+
+    def terminating(self, run_id: int) -> bool:
+        with self.t.lock:
+            run = self._run(run_id)
+            return run.state is RunState.CANCELLED and run.terminate
 
     def rerun(self, run_id: int) -> RunState:
         with self.t.lock:
