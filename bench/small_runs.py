@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -257,14 +258,18 @@ def small_runs(
     system: str = "all",
     dispatch: str = "window",
     pickup: str = "1",
+    statements: bool = False,
 ) -> dict[str, Any]:
     """A fresh cluster, then each side once (dtask, dtask's bulk submit, Celery); the ratios
     runs/s over tasks/s. ``system``: all, or one of dtask, bulk, celery. ``dispatch``:
     DTASK_DISPATCH of the dtask worker (window, as shipped, or all); ``pickup``: DTASK_PICKUP
-    of the submitters."""
+    of the submitters. ``statements``: PostgreSQL's log of every statement while dtask's
+    sides run, counted per run (the submitters' and the workers' with their background
+    passes; not this harness's polls): slower, so not for the rates."""
     work = prepare_environment(
         DTASK_BENCH_RAW="stock", DTASK_DISPATCH=dispatch, DTASK_PICKUP=pickup
     )
+    from bench import measure
     from dtask import services
     from dtask.services import embedded
 
@@ -289,8 +294,19 @@ def small_runs(
         workers.ready()
         for side in ("dtask", "bulk"):
             if side in sides:
+                log = services.current().settings.home / "postgres" / "log"
+                if statements:
+                    measure.statement_log(engine, on=True)
+                offset = log.stat().st_size
                 result[side] = dtask_small_runs(engine, runs, submitters, roles, side)
                 _say(result[side], "runs")
+                if statements:
+                    time.sleep(1.5)  # the last passes' statements reach the log
+                    counted = measure.count_statements(log, offset, exclude_pid=os.getpid())
+                    measure.statement_log(engine, on=False)
+                    result[side]["statements"] = counted
+                    per_run = sum(counted.values()) / runs
+                    print(f"  PostgreSQL statements per run: {per_run:.2f} ({counted})")
         if "celery" in sides:
             result["celery"] = celery_small_runs(runs, submitters, roles)
             _say(result["celery"], "tasks")
@@ -349,6 +365,9 @@ def main() -> int:
         default="1",
         help="DTASK_PICKUP of the dtask submitters (default 1, as shipped)",
     )
+    parser.add_argument(
+        "--statements", action="store_true", help="count PostgreSQL's statements per dtask run"
+    )
     parser.add_argument("--submitter", choices=["dtask", "bulk", "celery"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.submitter:  # one of the submitter processes this module starts
@@ -356,8 +375,9 @@ def main() -> int:
         return 0
     began = time.monotonic()
     result = small_runs(
-        args.runs, args.submitters, args.concurrency, args.system, args.dispatch, args.pickup
-    )
+        args.runs, args.submitters, args.concurrency, args.system, args.dispatch, args.pickup,
+        args.statements,
+    )  # fmt: skip
     print(json.dumps(result, default=str))
     if args.system == "all":
         save(result, time.monotonic() - began)
