@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = [
+    ["--version"],  # before 903d182: argparse's "arguments are required", after all imports
     ["--help"],
     ["status", "1"],
     ["runs", "--limit", "5"],
