@@ -87,6 +87,8 @@ def show_child(run_id: int, index: int, as_json: bool) -> int:
         print(f"  worker     {child.worker}")
     if child.error:
         print(f"  error      {child.error}")
+    if child.result is not None:
+        print(f"  result     {json.dumps(child.result)}")
     if child.output:
         whose = "its success" if child.state.value == "succeeded" else "its latest failed attempt"
         print(f"  the last lines {whose} printed:")

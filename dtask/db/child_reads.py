@@ -46,6 +46,7 @@ class ChildDetail:
     finished_at: datetime | None
     traceback: str | None = None  # of its latest failed attempt (only where asked for)
     output: str | None = None  # the last lines that attempt printed (only where asked for)
+    result: Any = None  # what its function returned, once it succeeded
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class ChildDetail:
             "worker": self.worker,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "result": self.result,
             **({"traceback": self.traceback} if self.traceback is not None else {}),
             **({"output": self.output} if self.output is not None else {}),
         }
@@ -96,8 +98,8 @@ class ChildReads:
             rows = conn.execute(
                 sql(
                     f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " owner, started_at, finished_at FROM dtask_children WHERE run_id = :run"
-                    " AND (CAST(:state AS varchar) IS NULL OR state = :state)"
+                    " owner, started_at, finished_at, result FROM dtask_children"
+                    " WHERE run_id = :run AND (CAST(:state AS varchar) IS NULL OR state = :state)"
                     " AND index > :after ORDER BY index LIMIT :limit"
                 ),
                 {"run": run_id, "state": state and state.value, "after": -1 if after is None
@@ -111,7 +113,7 @@ class ChildReads:
             row = conn.execute(
                 sql(
                     f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " owner, started_at, finished_at, traceback, output FROM dtask_children"
+                    " owner, started_at, finished_at, traceback, output, result FROM dtask_children"
                     " WHERE run_id = :run AND index = :index"
                 ),
                 {"run": run_id, "index": index},
@@ -148,7 +150,7 @@ _GRID_STATES = {"w": "waiting", **{s.value[0]: s.value for s in ChildState}}
 def _detail(r: Row[Any], traceback: str | None = None, output: str | None = None) -> ChildDetail:
     return ChildDetail(
         r._mapping["index"], ChildState(r.state), r.spec, r.attempt, r.max_attempts,
-        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback, output,
+        r.checkpoint, r.error, r.owner, r.started_at, r.finished_at, traceback, output, r.result,
     )  # fmt: skip
 
 

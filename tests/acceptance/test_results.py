@@ -28,6 +28,10 @@ def test_children_return_values_and_reduce_makes_the_runs_result(
     assert status["result"] == 333_383_335_000
     ordered = dtask.submit("returns", {"n": 45, "what": "sum"})  # 5 children: 10,10,10,10,5
     assert ordered.get(timeout=120) == {"children": 5, "total": sum(range(1, 46))}
+    listed = json.loads(cli(dtask_env, "children", str(ordered.id), "--json").stdout)
+    assert [c["result"] for c in listed][-1] == {"a": 41, "b": 45, "sum": sum(range(41, 46))}
+    one = cli(dtask_env, "status", str(ordered.id), "--child", "4")
+    assert f'  result     {{"a": 41, "b": 45, "sum": {sum(range(41, 46))}}}' in one.stdout
 
 
 def test_a_reduce_that_raises_fails_the_run_with_its_error(
