@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dtask import services
 from dtask.exceptions import ConfigurationError, DtaskError
+from dtask.local import supervisor
 from dtask.local.supervisor import Backoff, exited, rotate
 from dtask.services import embedded
 from dtask.services.extras import require
@@ -224,7 +225,11 @@ class Stack:
         with log.open("ab") as out:  # appended to (a restart empties no log), rotated at a size
             since = out.tell()
             proc = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=supervisor.ends_with_its_parent,
             )
         child = Child(name, proc, log, command, since, backoff=backoff or Backoff())
         self.children.append(child)

@@ -9,6 +9,7 @@ running stack is, for a second `dtask up` and for ``--attach``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -43,6 +44,18 @@ class Backoff:
         delay = RESTART_DELAYS[min(self.in_a_row, len(RESTART_DELAYS) - 1)]
         self.in_a_row += 1
         return delay
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux's; looked up once
+
+
+def ends_with_its_parent() -> None:
+    """In a stack's child between fork and exec: SIGTERM when `dtask up` dies, even by SIGKILL
+    (a worker then hands its children over as on any stop), so no unsupervised process is left
+    to run beside the next `dtask up` of this home. Nothing where the kernel has no prctl."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def exit_status(code: int) -> str:

@@ -104,3 +104,41 @@ def test_read_only_commands_never_start_the_local_stack(
         assert not embedded.postgres_alive(home)
     finally:
         embedded.stop(home)
+
+
+def _stack_processes(home: Path) -> list[str]:
+    """The stack's own processes in ``home`` (workers, beat): not its embedded services."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if "dtask.cli" not in line or " up" in line:
+            continue
+        try:
+            if proc.environ().get("DTASK_HOME") == str(home):
+                found.append(line[:100])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_a_killed_up_takes_its_workers_and_beat_with_it(
+    tmp_path: Path, dtask_env: dict[str, str]
+) -> None:
+    home = tmp_path / "home"
+    env = {**dtask_env, "DTASK_HOME": str(home)}
+    said = tmp_path / "up.log"
+    with said.open("wb") as out:
+        up = subprocess.Popen(
+            [DTASK, "up", "--workers", "1", "--no-flower", "--no-api"],
+            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: "Ctrl-C stops everything" in said.read_text(), 120, "dtask up")
+            assert len(_stack_processes(home)) >= 2  # a worker (and its pool), the beat
+            up.send_signal(signal.SIGKILL)
+            up.wait(10)
+            wait_for(lambda: not _stack_processes(home), 60, "the stack's processes to end")
+        finally:
+            if up.poll() is None:
+                up.kill()
+            embedded.stop(home)
