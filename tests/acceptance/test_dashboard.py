@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dtask import services
 from tests.conftest import WorkerProcess
 from tests.support.api import call, start_server, token
 from tests.support.browser import browser
@@ -141,9 +142,11 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     assert "waiting for 1 upstream run(s)" in page.inner_text("body")
     upstream.click()
     page.wait_for_selector("#run-state .state.running", timeout=WAIT)
-    page.click("#cancel")
+    assert page.is_enabled("#cancel")
+    page.click("#terminate")  # the cancel that stops a hung child (test_execution_cap)
     page.wait_for_selector("#run-state .state.cancelled", timeout=WAIT)
     assert call(site[1], "GET", f"/runs/{slow['id']}", a).body["state"] == "cancelled"
+    assert services.store().runs.terminating(slow["id"])
     page.goto(f"{site[0]}/#/runs/{waiting['id']}")
     page.wait_for_selector("#run-state .state.failed", timeout=WAIT)
     assert f"upstream run {slow['id']} was cancelled" in page.inner_text("#run-error")

@@ -228,6 +228,7 @@ function runPage(id) {
         run.error ? el("pre", { class: "error", id: "run-error" }, run.error) : null,
         el("div", { class: "actions" },
           el("button", { class: "danger", id: "cancel", disabled: ["succeeded", "failed", "cancelled"].includes(run.state), onclick: () => act("cancel") }, "Cancel"),
+          el("button", { class: "danger", id: "terminate", title: "Cancel, and kill the process of a running child that has not stopped within DTASK_EXECUTION_CAP_GRACE", disabled: ["succeeded", "failed", "cancelled"].includes(run.state), onclick: () => act("cancel?terminate=true") }, "Cancel and stop children"),
           el("button", { id: "rerun", disabled: !["failed", "cancelled"].includes(run.state), onclick: () => act("rerun") }, "Rerun")));
       // A big grid costs the database about 1 ms per 1,000 children: redrawn at most every
       // total/20 ms (5 s at 100,000) while the run moves, and at once when it ends.
