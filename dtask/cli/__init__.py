@@ -76,13 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return services.run_worker(argv[1:])
         _stacks_on_sigusr1()
         args = parser().parse_args(argv)
-        if not getattr(args, "reads_only", False):
-            code: int = args.handler(args)
-            return code
         from dtask.services import attach_only
 
-        with attach_only():  # never starts the embedded services
-            code = args.handler(args)
+        reads_only = getattr(args, "reads_only", False)  # never starts the embedded services
+        with attach_only() if reads_only else contextlib.nullcontext():
+            code: int = args.handler(args)
         return code
     except DtaskError as exc:
         if interrupted(exc):  # Ctrl-C in a database call, reported as the call's failure

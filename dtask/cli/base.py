@@ -16,17 +16,21 @@ TEMPLATES_HELP = (
 )
 
 
+def _worth_saying(action: argparse.Action) -> bool:
+    """An option's default that its help should show (not off, unset or empty)."""
+    default = action.default
+    unsaid = default in (None, False, argparse.SUPPRESS) or default == []
+    return bool(action.option_strings) and not unsaid
+
+
 class _WithDefaults(argparse.HelpFormatter):
-    """Every option's default in its help, unless the help says it already (or there is
-    none to say: off, unset, empty)."""
+    """Every option's default in its help, unless the help says it already."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        default = action.default
-        unsaid = default in (None, False, argparse.SUPPRESS) or default == []
-        if unsaid or "default" in text or not action.option_strings:
+        if not _worth_saying(action) or "default" in text:
             return text
-        return f"{text} (default: {default})".strip()
+        return f"{text} (default: {action.default})".strip()
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,9 +40,7 @@ class Parser(argparse.ArgumentParser):
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         action = super().add_argument(*args, **kwargs)
-        if not action.help and action.option_strings and action.default not in (
-            None, False, argparse.SUPPRESS, []
-        ):  # fmt: skip
+        if not action.help and _worth_saying(action):
             action.help = f"default: {action.default}"  # argparse shows no help-less default
         return action
 

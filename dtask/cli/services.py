@@ -95,13 +95,9 @@ def _cmd_down(args: argparse.Namespace) -> int:
     home = config.home
     up = supervisor.running(home)
     if not args.force and up is not None:
-        pid = up.get("pid")
+        pid = f" (pid {up['pid']})" if up.get("pid") else ""
         raise ConfigurationError(
-            f"a dtask up runs in {home}"
-            + (f" (pid {pid})" if pid else "")
-            + ": stop it with Ctrl-C where it runs"
-            + (f" (or kill {pid})" if pid else "")
-            + ", or `dtask down --force`"
+            f"a dtask up runs in {home}{pid}: {supervisor.how_to_stop(up)}, or `dtask down --force`"
         )
     if not args.force and config.embedded_database and _embedded_postgres_alive(home):
         from dtask.client.workers import live_workers

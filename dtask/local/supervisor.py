@@ -160,15 +160,20 @@ def running(home: Path) -> dict[str, Any] | None:
     return about
 
 
+def how_to_stop(about: dict[str, Any]) -> str:
+    """How to stop the running stack ``running`` described."""
+    pid = about.get("pid")
+    return "stop it with Ctrl-C where it runs" + (f" (or kill {pid})" if pid else "")
+
+
 def _already(home: Path) -> str:
     about = running(home) or {}
     pid, since = about.get("pid"), about.get("since")
     where = f"pid {pid}, up since {since}" if pid else "starting"
     return (
         f"a dtask up already runs in {home} ({where}; logs in {home / 'logs'}): follow it with"
-        " `dtask up --attach`, stop it with Ctrl-C where it runs"
-        + (f" (or kill {pid})" if pid else "")
-        + ", or set another DTASK_HOME for a second stack"
+        f" `dtask up --attach`, {how_to_stop(about)}, or set another DTASK_HOME for a second"
+        " stack"
     )
 
 
