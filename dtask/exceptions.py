@@ -110,6 +110,10 @@ class RunNotFound(NotFound):
     """No run has that id."""
 
 
+class ChildNotFound(NotFound):
+    """The run has no child of that index."""
+
+
 class ServiceUnavailable(DtaskError):
     """A service dtask needs cannot be reached."""
 

@@ -161,6 +161,15 @@ class Settings(BaseSettings):
             "bytes of JSON a child function may return (over it, the attempt fails saying so)"
         ),
     )
+    max_child_log: int = Field(
+        16_384,
+        ge=0,
+        le=1_048_576,
+        description=(
+            "characters of output (stdout, stderr, ctx.log) kept per attempt of a child,"
+            " the last ones (`dtask logs`); 0 keeps none"
+        ),
+    )
     max_run_result: int = Field(
         1_048_576,
         ge=0,

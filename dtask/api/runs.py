@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -14,11 +14,13 @@ from dtask.api.errors import Refused
 from dtask.api.waiting import waits
 from dtask.client.bulk import submit_many
 from dtask.client.runs import get_run, submit
+from dtask.client.waiting import why
 from dtask.domain.bulk import MOST_PER_CHUNK, Outcome
 from dtask.domain.deps import MAX_UPSTREAMS
 from dtask.domain.runs import ChildState, RunState, RunStatus
 from dtask.domain.tokens import Token
-from dtask.exceptions import RunNotFound, UpstreamNotFound
+from dtask.domain.waiting import waiting_json
+from dtask.exceptions import ChildNotFound, RunNotFound, UpstreamNotFound
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 MOST_WAIT = 300.0
@@ -149,7 +151,8 @@ async def read_run(
     if wait and not status.finished:
         await waits.until_finished(run_id, wait)
         status = await run_in_threadpool(_visible, token, run_id)
-    return status.as_json()
+    waiting = None if status.finished else await run_in_threadpool(why, run_id)
+    return {**status.as_json(), **waiting_json(waiting)}
 
 
 def _list(
@@ -207,6 +210,24 @@ async def list_children(
 ) -> dict[str, Any]:
     """The run's children in index order: range, attempts, checkpoint, error, worker."""
     return await run_in_threadpool(_children, token, run_id, state, limit, cursor)
+
+
+def _logs(token: Token, run_id: int, index: int) -> dict[str, Any]:
+    _visible(token, run_id)
+    found = services.store().logs.of_child(run_id, index)
+    if found is None:
+        raise ChildNotFound(f"run {run_id} has no child {index}")
+    return {"run_id": run_id, "index": index, "attempts": [a.as_json() for a in found[0]]}
+
+
+@router.get("/{run_id}/children/{index}/logs")
+async def child_logs(
+    run_id: int, index: Annotated[int, Path(ge=0)], token: Caller
+) -> dict[str, Any]:
+    """What the child printed (stdout, stderr, ``ctx.log``), per attempt: its last
+    DTASK_MAX_CHILD_LOG characters (``output``; ``skipped``: those before it not kept), the
+    worker that ran it, how it ended (running, succeeded, failed, interrupted) and its error."""
+    return await run_in_threadpool(_logs, token, run_id, index)
 
 
 def _grid(token: Token, run_id: int) -> dict[str, Any]:

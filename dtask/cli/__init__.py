@@ -29,12 +29,12 @@ def version() -> str:
 
 def parser() -> argparse.ArgumentParser:
     # the nouns import dtask's settings and clients: only a command that parses pays for them
-    from dtask.cli import api, children, clients, graph, prune, runs, schedules, services
+    from dtask.cli import api, children, clients, graph, logs, prune, runs, schedules, services
 
     top = Parser(prog="dtask", description=__doc__)
     top.add_argument("--version", action="version", version=version())
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for noun in (runs, children, graph, schedules, clients, services, prune, api):
+    for noun in (runs, children, logs, graph, schedules, clients, services, prune, api):
         noun.register(sub)
     return top
 

@@ -19,9 +19,11 @@ from dtask.cli.base import (
     run_id,
     timeout,
 )
+from dtask.cli.waiting import warn_if_nobody_consumes
 from dtask.domain.clients import Tier
 from dtask.domain.runs import RunState, RunStatus
 from dtask.domain.schedules import iso
+from dtask.domain.waiting import waiting_json
 from dtask.exceptions import (
     InvalidClient,
     InvalidDelayTolerance,
@@ -153,11 +155,16 @@ def register(sub: Any) -> None:
 
 
 def _print_status(status: RunStatus, as_json: bool) -> None:
+    from dtask.cli.waiting import why
+
+    waiting = None if status.finished else why(status.id)
     if as_json:
-        print(json.dumps(status.as_json()))
+        print(json.dumps({**status.as_json(), **waiting_json(waiting)}))
         return
     c = status.children
     print(f"run {status.id}  {status.template}  {status.state.value}")
+    if waiting is not None:
+        print(f"  why        {waiting.text}")
     print(f"  key        {status.key}")
     print(f"  client     {status.client}, priority {status.priority}, tier {status.tier.value}")
     if status.start_after:
@@ -173,8 +180,8 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     if status.slots is not None:
         print(f"  split      by capacity: {status.slots} live slots seen")
     if status.after:
-        waiting = f" (waiting for {_runs(status.waiting_for)})" if status.waiting_for else ""
-        print(f"  after      {_runs(status.after)}{waiting}")
+        unfinished = f" (waiting for {_runs(status.waiting_for)})" if status.waiting_for else ""
+        print(f"  after      {_runs(status.after)}{unfinished}")
     if status.schedule:
         slot = iso(status.slot) if status.slot else "?"
         print(f"  schedule   {status.schedule}, slot {slot}")
@@ -199,11 +206,18 @@ def _outcome(status: RunStatus) -> int:
 
 
 def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
+    from dtask.cli.waiting import Reasons
     from dtask.client.runs import Run
     from dtask.progress import Progress
 
+    reasons, progress = Reasons(), Progress()
+
+    def both(status: RunStatus) -> None:
+        reasons(status)
+        progress(status)
+
     try:
-        return Run(run_id).wait(timeout, on_progress=Progress() if show else None)
+        return Run(run_id).wait(timeout, on_progress=both if show else None)
     except BaseException as exc:
         if interrupted(exc):
             _interrupted(run_id)
@@ -249,7 +263,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             elif status.state is RunState.FAILED:
                 verb += f", failed: {status.error}"
             print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)
-        _warn_if_nobody_consumes(run.id)
+        warn_if_nobody_consumes(run.id)
         if args.wait:
             quiet = args.quiet or args.json
             status = _wait(run.id, args.timeout, show=sys.stderr.isatty() or not quiet)
@@ -273,26 +287,6 @@ def _interrupted(run_id: int) -> NoReturn:
         file=sys.stderr,
     )
     raise SystemExit(130)
-
-
-def _warn_if_nobody_consumes(run_id: int) -> None:
-    from dtask import services
-    from dtask.client.workers import slots_for
-    from dtask.domain.tiers import DEFAULT_QUEUE, base_queue
-
-    record = services.store().runs.get(run_id)
-    name = record.queue or DEFAULT_QUEUE
-    if slots_for(name) == 0:
-        start = "dtask worker"
-        if base_queue(name) != DEFAULT_QUEUE:
-            start += f" -Q {base_queue(name)}"
-        if record.tier is not Tier.BASIC:
-            start += f" --tier {record.tier.value}"
-        print(
-            f"dtask: note: no live worker consumes queue {name!r}; run {run_id} waits until one"
-            f" starts (`{start}`{', or `dtask up`' if start == 'dtask worker' else ''})",
-            file=sys.stderr,
-        )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

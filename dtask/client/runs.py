@@ -15,6 +15,7 @@ from typing import Any, Unpack
 from dtask import services
 from dtask.client import backlog
 from dtask.client.transactions import written_on
+from dtask.client.waiting import why
 from dtask.db import Store
 from dtask.db.run_inserts import Created
 from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority, tier_of
@@ -29,6 +30,7 @@ from dtask.domain.limits import check_json_size, check_key
 from dtask.domain.notify import check_url
 from dtask.domain.runs import NewRun, RunHandle, RunState, RunStatus
 from dtask.domain.templates import RunOptions, Template, check_execution_cap, registry
+from dtask.domain.waiting import Waiting
 from dtask.exceptions import (
     BrokerUnavailable,
     Busy,
@@ -59,6 +61,10 @@ class Run:
 
     def status(self) -> RunStatus:
         return services.store().runs.status(self.id)
+
+    def waiting(self) -> Waiting | None:
+        """Why the run, or its next children, do not run now (None: nothing holds it)."""
+        return why(self.id)
 
     # Celery's AsyncResult names, for a team that already speaks them
 
@@ -159,6 +165,7 @@ class Run:
                 raise WaitTimeout(
                     f"run {self.id} is still {status.state.value} after {timeout:g} s"
                     f" ({status.children.finished}/{status.children.total} children done)"
+                    + (f": it waits because {w.text}" if (w := self.waiting()) else "")
                 )
             time.sleep(
                 delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic()))

@@ -41,7 +41,7 @@ class ChildDetail:
     max_attempts: int
     checkpoint: Any
     error: str | None
-    worker: str | None  # host:pid while leased
+    worker: str | None  # host:pid running it, else the one that ran its latest attempt
     started_at: datetime | None
     finished_at: datetime | None
     traceback: str | None = None  # of its latest failed attempt (only where asked for)
@@ -98,7 +98,8 @@ class ChildReads:
             rows = conn.execute(
                 sql(
                     f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " owner, started_at, finished_at, result FROM dtask_children"
+                    " coalesce(owner, worker) AS owner, started_at, finished_at, result"
+                    " FROM dtask_children"
                     " WHERE run_id = :run AND (CAST(:state AS varchar) IS NULL OR state = :state)"
                     " AND index > :after ORDER BY index LIMIT :limit"
                 ),
@@ -113,7 +114,8 @@ class ChildReads:
             row = conn.execute(
                 sql(
                     f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " owner, started_at, finished_at, traceback, output, result FROM dtask_children"
+                    " coalesce(owner, worker) AS owner, started_at, finished_at, traceback,"
+                    " output, result FROM dtask_children"
                     " WHERE run_id = :run AND index = :index"
                 ),
                 {"run": run_id, "index": index},

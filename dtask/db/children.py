@@ -82,12 +82,16 @@ def unfinished(run: str) -> str:
     )
 
 
+# an attempt ends: the worker that ran it stays named (``owner`` is its lease, cleared now)
+KEEP_WORKER = "worker = coalesce(owner, worker)"
+
+
 def finish(cp: str = ":cp", result: str = ":result", output: str = ":output") -> str:
     """A child's success, under the caller's fence (``cp`` its last checkpoint, ``result`` its
     return value, both JSON text; ``output`` the last lines it printed)."""
     return (
         "state = 'succeeded', finished_at = now(),"
-        f" checkpoint = coalesce(CAST({cp} AS jsonb), checkpoint), owner = NULL,"
+        f" checkpoint = coalesce(CAST({cp} AS jsonb), checkpoint), {KEEP_WORKER}, owner = NULL,"
         " lease_expires_at = NULL, error = NULL, traceback = NULL,"
         f" output = CAST({output} AS text), result = CAST({result} AS jsonb)"
     )
@@ -373,15 +377,17 @@ class ChildStore(ChildReads):
         traceback: str | None = None,
         output: str | None = None,
         final: bool = False,
+        skipped: int = 0,
     ) -> ChildState:
-        """Record a failed attempt (its error line, traceback and last printed lines): back to
-        pending for a retry, or failed when none are left or it is ``final`` (a permanent
-        error)."""
+        """Record a failed attempt (its error line, traceback and last printed lines, kept
+        with the attempt in ``dtask_child_logs`` too, ``skipped`` characters before them not
+        kept): back to pending for a retry, or failed when none are left or it is ``final``
+        (a permanent error)."""
         ends = "(:final OR attempt + :counts >= max_attempts)"
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET attempt = attempt + :counts,"
+                    "WITH c AS (UPDATE dtask_children SET attempt = attempt + :counts,"
                     f" state = CASE WHEN {ends} THEN 'failed' ELSE 'pending' END,"
                     " error = CASE WHEN :final THEN 'not retried (a permanent error) at attempt '"
                     "   || (attempt + :counts) || ': ' || :error"
@@ -390,10 +396,17 @@ class ChildStore(ChildReads):
                     "   ELSE :error END,"
                     f" finished_at = CASE WHEN {ends} THEN now() END,"
                     " started_at = coalesce(started_at, now()),"
-                    " traceback = :traceback, output = :output,"
+                    f" traceback = :traceback, output = :output, {KEEP_WORKER},"
                     " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
-                    f" AND {ASYNC_COMMIT} RETURNING state"
+                    f" AND {ASYNC_COMMIT} RETURNING run_id, index, worker, state),"
+                    " log AS (INSERT INTO dtask_child_logs"
+                    " (run_id, index, attempt, worker, state, output, skipped, error)"
+                    " SELECT run_id, index, :attempt, worker, 'failed', :output, :skipped, :error"
+                    " FROM c ON CONFLICT (run_id, index, attempt) DO UPDATE SET"
+                    " worker = excluded.worker, state = 'failed', output = excluded.output,"
+                    " skipped = excluded.skipped, error = excluded.error, updated_at = now())"
+                    " SELECT state FROM c"
                 ),
                 {
                     "id": claim.child_id,
@@ -403,11 +416,38 @@ class ChildStore(ChildReads):
                     "traceback": traceback,
                     "output": output,
                     "final": final,
+                    "attempt": claim.attempt,
+                    "skipped": skipped,
                 },
             ).first()
         if row is None:
             raise LeaseLost(lease_lost(claim))
         return ChildState(row.state)
+
+    def write_log(
+        self, run_id: int, index: int, attempt: int, worker: str, kept: tuple[str | None, int]
+    ) -> None:
+        """A running attempt's output so far (``kept``: the text, the characters before it
+        not kept), written by its heartbeat when it printed since."""
+        with self.db.owner() as conn:
+            conn.execute(
+                sql(
+                    "INSERT INTO dtask_child_logs"
+                    " (run_id, index, attempt, worker, state, output, skipped)"
+                    " VALUES (:run, :index, :attempt, :worker, 'running', :output, :skipped)"
+                    " ON CONFLICT (run_id, index, attempt) DO UPDATE SET"
+                    " worker = excluded.worker, state = 'running', output = excluded.output,"
+                    " skipped = excluded.skipped, error = NULL, updated_at = now()"
+                ),
+                {
+                    "run": run_id,
+                    "index": index,
+                    "attempt": attempt,
+                    "worker": worker,
+                    "output": kept[0],
+                    "skipped": kept[1],
+                },
+            )
 
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
@@ -431,7 +471,7 @@ class ChildStore(ChildReads):
         self._fenced_update(
             claim,
             "state = 'pending', attempt = attempt - :counted,"
-            " checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), owner = NULL,"
+            f" checkpoint = coalesce(CAST(:cp AS jsonb), checkpoint), {KEEP_WORKER}, owner = NULL,"
             " lease_expires_at = NULL, sent_at = now()",  # its hand-over message goes now
             cp=json_or_none(checkpoint),
             counted=int(claim.counted),

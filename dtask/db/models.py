@@ -203,6 +203,7 @@ class ChildRow(Base):
     result: Mapped[Any | None] = mapped_column(JSONB)  # the child function's return value
     traceback: Mapped[str | None] = mapped_column(Text)  # of its latest failed attempt
     output: Mapped[str | None] = mapped_column(Text)  # the last lines that attempt printed
+    worker: Mapped[str | None] = mapped_column(String(200))  # host:pid that ran that attempt
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -236,6 +237,27 @@ class ChildRow(Base):
         # the dispatcher's count of each running run's children out in the broker
         Index(None, "run_id", postgresql_where=text("state = 'pending' AND sent_at IS NOT NULL")),
     )
+
+
+class ChildLogRow(Base):
+    """An attempt's output: one that failed, or one running that printed (its heartbeat
+    writes it); a succeeded attempt's stays in ``dtask_children.output``."""
+
+    __tablename__ = "dtask_child_logs"
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("dtask_runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))
+    output: Mapped[str | None] = mapped_column(Text)
+    skipped: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))  # chars not kept
+    error: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (CheckConstraint("state IN ('running', 'failed')", name="state"),)
 
 
 class ScheduleRow(Base):
@@ -351,6 +373,8 @@ class WorkerRow(Base):
     templates: Mapped[list[str] | None] = mapped_column(  # NULL: not reported (knows any)
         ARRAY(String(200)), nullable=True
     )
+    # its templates' module files as it loaded them: path -> modification time (ns)
+    code: Mapped[dict[str, int] | None] = mapped_column(JSONB, nullable=True)
 
 
 class TokenRow(Base):

@@ -85,6 +85,15 @@ class RetentionStore:
         ).first()
         if still is None:
             return None
+        # its children's logs first, a chunk at a time, then the children
+        conn.execute(
+            sql(
+                "DELETE FROM dtask_child_logs WHERE (run_id, index, attempt) IN"
+                " (SELECT run_id, index, attempt FROM dtask_child_logs WHERE run_id = :id"
+                " LIMIT :limit)"
+            ),
+            {"id": run_id, "limit": limit},
+        )
         return int(
             conn.execute(
                 sql(

@@ -7,6 +7,7 @@ or late broker message can never move a run or child the wrong way.
 from __future__ import annotations
 
 from dtask.db.alerts import AlertStore
+from dtask.db.child_logs import ChildLogs
 from dtask.db.children import ChildStore
 from dtask.db.clients import ClientStore
 from dtask.db.counters import CounterStore
@@ -22,6 +23,7 @@ from dtask.db.runs import RunStore
 from dtask.db.schedules import ScheduleStore
 from dtask.db.steals import StealStore
 from dtask.db.tokens import TokenStore
+from dtask.db.waiting import WaitingReads
 from dtask.db.workers import WorkerStore
 
 
@@ -49,3 +51,5 @@ class Store:
         self.leases = LeaseStore(self.db)
         self.retention = RetentionStore(self.db)
         self.steals = StealStore(self.db)
+        self.waiting = WaitingReads(self.db)
+        self.logs = ChildLogs(self.db)

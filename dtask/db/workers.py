@@ -3,6 +3,7 @@ ones are those seen recently. What the dispatcher's window and `dtask workers` r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,6 +35,7 @@ class WorkerInfo:
     busy: int = 0  # children running on it at its last report
     idle_for: float | None = None  # seconds without a child; None while busy
     templates: tuple[str, ...] | None = None  # the templates it can run (None: not reported)
+    code: dict[str, int] | None = None  # its templates' module files: path -> mtime (ns)
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -61,19 +63,22 @@ class WorkerStore:
         pid: int,
         busy: int,
         templates: Sequence[str] | None = None,
+        code: dict[str, int] | None = None,
     ) -> None:
         """This worker is alive, consumes ``queues``, runs up to ``slots`` children of
-        ``templates`` and is running ``busy`` now. Rows of workers that stopped reporting
-        stay (the monitor's `worker_lost` alert) until the monitor forgets them."""
+        ``templates`` (from the files in ``code``) and is running ``busy`` now. Rows of
+        workers that stopped reporting stay (the monitor's `worker_lost` alert) until the
+        monitor forgets them."""
         with self.db.tx() as conn:
             conn.execute(
                 sql(
                     "INSERT INTO dtask_workers"
-                    " (name, queues, slots, pid, busy, idle_since, templates)"
+                    " (name, queues, slots, pid, busy, idle_since, templates, code)"
                     " VALUES (:name, :queues, :slots, :pid, :busy,"
-                    "   CASE WHEN :busy > 0 THEN NULL ELSE now() END, :templates)"
+                    "   CASE WHEN :busy > 0 THEN NULL ELSE now() END, :templates,"
+                    "   CAST(:code AS jsonb))"
                     " ON CONFLICT (name) DO UPDATE SET queues = excluded.queues,"
-                    " templates = excluded.templates,"
+                    " templates = excluded.templates, code = excluded.code,"
                     " slots = excluded.slots, pid = excluded.pid, seen_at = now(),"
                     " busy = excluded.busy,"
                     " idle_since = CASE WHEN excluded.busy > 0 THEN NULL"
@@ -89,6 +94,7 @@ class WorkerStore:
                     "pid": pid,
                     "busy": busy,
                     "templates": None if templates is None else sorted(templates),
+                    "code": None if code is None else json.dumps(code),
                 },
             )
 
@@ -124,7 +130,7 @@ def live_on(conn: Connection, within: float) -> list[WorkerInfo]:
         sql(
             "SELECT name, queues, slots, pid, started_at,"
             " extract(epoch FROM now() - seen_at) AS seen_ago, busy,"
-            " extract(epoch FROM now() - idle_since) AS idle_for, templates"
+            " extract(epoch FROM now() - idle_since) AS idle_for, templates, code"
             " FROM dtask_workers"
             " WHERE seen_at >= now() - make_interval(secs => :within) ORDER BY name"
         ),
@@ -141,6 +147,7 @@ def live_on(conn: Connection, within: float) -> list[WorkerInfo]:
             r.busy,
             None if r.idle_for is None else float(r.idle_for),
             None if r.templates is None else tuple(r.templates),
+            r.code,
         )
         for r in rows
     ]

@@ -32,9 +32,27 @@ class Stealable:
 
 
 class _ChildLog(logging.LoggerAdapter[logging.Logger]):
+    """``ctx.log``: each line names its template, run and child in the worker's log, and is
+    kept with the attempt's output (``echo``) as ``LEVEL message``."""
+
+    def __init__(
+        self, logger: logging.Logger, extra: dict[str, Any], echo: Callable[[str], None] | None
+    ) -> None:
+        super().__init__(logger, extra)
+        self.echo = echo
+
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
         return f"{extra['template']} run {extra['run']} child {extra['child']}: {msg}", kwargs
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if self.echo is not None and self.isEnabledFor(level):
+            try:
+                text = str(msg) % args if args else str(msg)
+            except (TypeError, ValueError):  # logging reports it in its own way below
+                text = str(msg)
+            self.echo(f"{logging.getLevelName(level)} {text}\n")
+        super().log(level, msg, *args, **kwargs)
 
 
 class ChildContext:
@@ -66,8 +84,10 @@ class ChildContext:
         template: str = "",
         max_checkpoint: int | None = None,
         stealable: Stealable | None = None,
+        echo: Callable[[str], None] | None = None,
     ) -> None:
         self.run_id = run_id
+        self._echo = echo  # where ctx.log's lines are kept besides the log (the attempt's)
         self.index = index
         self.attempt = attempt
         self.template = template
@@ -98,6 +118,7 @@ class ChildContext:
         return _ChildLog(
             logging.getLogger(f"dtask.template.{self.template or 'unknown'}"),
             {"template": self.template, "run": self.run_id, "child": self.index},
+            self._echo,
         )
 
     @property

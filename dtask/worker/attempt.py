@@ -19,7 +19,7 @@ from celery.exceptions import Ignore
 from dtask.db import Claim, Finished
 from dtask.domain.context import ChildContext, Stealable
 from dtask.domain.results import encode_result
-from dtask.domain.runs import ChildState
+from dtask.domain.runs import ChildState, RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import (
     ChildFailed,
@@ -31,7 +31,7 @@ from dtask.exceptions import (
 )
 from dtask.settings import Settings
 from dtask.worker import drain, links, runaway, steals
-from dtask.worker.child_store import LifecycleStore, hand_over, patiently
+from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_if_last
 from dtask.worker.heartbeat import Heartbeat
@@ -58,21 +58,41 @@ class Attempt:
         self.cap = Cap(cap, delivery, claim.attempt)
         grace = config.execution_cap_grace
         self.beat = Heartbeat(
-            lambda: delivery.renew(store, claim, config.lease_ttl),
+            self._renew,
             config.heartbeat_interval,
             name=f"{delivery.run_id}.{delivery.index}",
             give_up_at=self.cap.deadline + grace,
             give_up=lambda: runaway.kill_this_pool_process(
                 self.cap.killed(grace),
-                lambda: store.children.fail_attempt(claim, self.cap.killed(grace)),
+                lambda: store.children.fail_attempt(
+                    claim, self.cap.killed(grace), None, self.printed.text()
+                ),
             ),
             lease=config.lease_ttl,
             since=claimed_at,
             on_stop=self._cancelled,
         )
-        # sys.stdout is the process's: only a prefork pool process runs one child at a time
-        self.printed = Tail(sys.stdout) if runaway.in_pool_process() else None
+        # what it prints (sys.stdout is the process's: only a prefork pool process runs one
+        # child at a time, so only there is it redirected) and logs through ctx.log
+        self.printed = Tail(config.max_child_log)
+        self.logged = 0  # what the heartbeat last wrote of it (Tail.written)
         self.worked: float | None = None  # seconds in the child's function, once it returned
+
+    def _renew(self) -> RunState | None:
+        """The heartbeat: renew the lease; and where the child printed since the last one,
+        write what it printed so far (`dtask logs --follow`), a lost write only a late one."""
+        state = self.delivery.renew(self.store, self.claim, self.config.lease_ttl)
+        written = self.printed.written
+        if state is not None and written != self.logged:
+            d = self.delivery
+            try:
+                self.store.children.write_log(
+                    d.run_id, d.index, self.claim.attempt, owner_name(), self.printed.kept()
+                )
+                self.logged = written
+            except DtaskError as exc:
+                log.debug("%s: its output is written at the next heartbeat: %s", d, exc)
+        return state
 
     def run(self) -> None:
         """Run the child to its end here; raises what its delivery's retry raises, Ignore
@@ -90,8 +110,7 @@ class Attempt:
                 limit = config.max_child_result
                 result = encode_result(value, limit, what, "DTASK_MAX_CHILD_RESULT")
                 final = self.context.unsaved_checkpoint  # with ctx.state: checked as any
-                output = self.printed.text() if self.printed else None
-                done = Finished(claim, final, result, output)
+                done = Finished(claim, final, result, self.printed.text())
                 self._write(lambda: delivery.finish(self.store, done))
         except (LeaseLost, DatabaseUnavailable) as exc:
             self._lost(exc)
@@ -122,9 +141,14 @@ class Attempt:
             stop_requested=lambda: (
                 self.beat.stop_requested.is_set() or drain.draining() or self.cap.exceeded()
             ),
+            echo=self.printed.add,
         )
-        printed = self.printed
-        with contextlib.redirect_stdout(printed) if printed else contextlib.nullcontext():
+        if not runaway.in_pool_process():
+            return self.template.function(self.context, **claim.spec)
+        with (
+            contextlib.redirect_stdout(self.printed.stream(sys.stdout)),
+            contextlib.redirect_stderr(self.printed.stream(sys.stderr)),
+        ):
             return self.template.function(self.context, **claim.spec)
 
     def _write(self, write: Callable[[], T]) -> T:
@@ -216,9 +240,11 @@ class Attempt:
     def _failed(self, exc: Exception) -> None:
         d, claim = self.delivery, self.claim
         error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
-        output = self.printed.text() if self.printed else None
+        output, skipped = self.printed.kept()
         final = not self.template.options.retries(exc)
-        state = self.store.children.fail_attempt(claim, error, _traceback(exc), output, final)
+        state = self.store.children.fail_attempt(
+            claim, error, _traceback(exc), output, final, skipped
+        )
         if state is ChildState.FAILED:
             log.error("%s failed for good: %s", d, error)
             finalize_if_last(self.store, d.run_id)

@@ -1,33 +1,67 @@
-"""The last lines a child printed, at most KEPT characters, kept with its success or its failed
-attempt (`dtask status RUN --child N`); what it prints still goes to the worker's log."""
+"""What a child printed (stdout, stderr, ``ctx.log``), its last ``limit`` characters
+(DTASK_MAX_CHILD_LOG), kept with its attempt: the heartbeat writes it while the attempt runs
+(`dtask logs --follow`), its end with the attempt's success or failure. What it prints still
+goes to the worker's log."""
 
 from __future__ import annotations
 
 import io
+import threading
 from collections import deque
 from typing import TextIO
 
-LINES, WIDTH = 20, 500
-KEPT = 4096  # characters: a few KiB per child, whatever it prints
+
+class Tail:
+    """The last ``limit`` characters written to it, from any thread; ``written`` counts every
+    character ever written, so a reader can tell what is new since it last looked."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.written = 0
+        self._chunks: deque[str] = deque()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        with self._lock:
+            self.written += len(text)
+            if self.limit <= 0:
+                return
+            chunk = text[-self.limit :]
+            self._chunks.append(chunk)
+            self._size += len(chunk)
+            while self._size - len(self._chunks[0]) >= self.limit:
+                self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str | None:
+        """What is kept (None: nothing was printed, or nothing is kept)."""
+        return self.kept()[0]
+
+    def kept(self) -> tuple[str | None, int]:
+        """(what is kept, or None; how many characters before it were not kept)."""
+        with self._lock:
+            text = "".join(self._chunks)[-self.limit :] if self.limit > 0 else ""
+            return text or None, self.written - len(text)
+
+    def stream(self, through: TextIO) -> Through:
+        return Through(through, self)
 
 
-class Tail(io.TextIOBase):
-    """A stdout that writes through and remembers the last ``LINES`` lines (each cut at
-    ``WIDTH`` characters, so a child printing megabytes costs nothing here)."""
+class Through(io.TextIOBase):
+    """A stdout (or stderr) that writes through to ``through`` and into the tail."""
 
-    def __init__(self, through: TextIO) -> None:
+    def __init__(self, through: TextIO, tail: Tail) -> None:
         self.through = through
-        self._lines: deque[str] = deque(maxlen=LINES)
-        self._partial = ""
+        self.tail = tail
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
         self.through.write(text)
-        *done, self._partial = (self._partial + text).split("\n")
-        self._lines.extend(line[:WIDTH] for line in done[-LINES:])
-        self._partial = self._partial[:WIDTH]
+        self.tail.add(text)
         return len(text)
 
     def flush(self) -> None:
@@ -35,7 +69,3 @@ class Tail(io.TextIOBase):
 
     def __getattr__(self, name: str) -> object:  # fileno, encoding, isatty...: the stream's
         return getattr(self.through, name)
-
-    def text(self) -> str | None:
-        lines = [*self._lines, *([self._partial] if self._partial else [])]
-        return "\n".join(lines[-LINES:])[-KEPT:] or None

@@ -5,8 +5,10 @@ back or the monitor forgets it)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +25,7 @@ from dtask.worker import scope
 
 log = logging.getLogger("dtask.worker")
 _me: tuple[str, tuple[str, ...], int] | None = None
+_code: dict[str, int] | None = None  # its templates' module files as loaded (see code())
 # A report (from the reaper's or the dispatcher's thread) racing the shutdown's removal would
 # put the row back for a worker that is gone: both take this lock, and leaving ends reports.
 _lock = threading.Lock()
@@ -37,6 +40,20 @@ def describe(consumer: Any) -> tuple[str, tuple[str, ...], int]:
     return str(consumer.hostname), queues, slots
 
 
+def code() -> dict[str, int]:
+    """The files of the modules that define this worker's templates, with their modification
+    times (ns) as it loaded them: `dtask status` says "workers run an older version of
+    myjobs.py" when a run waits for a template they lack and a file changed since."""
+    files: dict[str, int] = {}
+    for template in registry.all():
+        module = sys.modules.get(getattr(template.function, "__module__", "") or "")
+        path = getattr(module, "__file__", None)
+        if path and path not in files:
+            with contextlib.suppress(OSError):
+                files[path] = os.stat(path).st_mtime_ns
+    return files
+
+
 def busy() -> int:
     """Children this worker runs now: requests its pool has accepted and not finished."""
     return len(worker_state.active_requests)
@@ -47,16 +64,16 @@ def report() -> None:
         if _me is not None:
             name, queues, slots = _me
             services.store().workers.report(
-                name, queues, slots, os.getpid(), busy(), registry.names()
+                name, queues, slots, os.getpid(), busy(), registry.names(), _code
             )
 
 
 def _ready(sender: Any = None, **_: Any) -> None:
-    global _me
+    global _me, _code
     if not scope.serves(getattr(sender, "app", None)):
         return  # another app's worker (dtask/worker/scope.py)
     with _lock:
-        _me = describe(sender)
+        _me, _code = describe(sender), code()
     try:
         report()
     except Exception as exc:  # the next reaper pass reports again

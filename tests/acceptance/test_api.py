@@ -234,6 +234,16 @@ def test_a_run_s_children_with_their_ranges_attempts_and_errors(
     rest = call(api, "GET", f"/runs/{run['id']}/children?cursor=1", a).body
     assert [c["index"] for c in rest["children"]] == [2] and rest["next_cursor"] is None
     assert rest["children"][0]["state"] == "succeeded"
+    assert rest["children"][0]["worker"]  # the one that ran it, though it is done
+    logs = call(api, "GET", f"/runs/{run['id']}/children/1/logs", a)
+    assert logs.status == 200, logs.body
+    assert [x["state"] for x in logs.body["attempts"]] == ["failed"] * child["max_attempts"]
+    assert all(x["worker"] and "item 15 is poison" in x["error"] for x in logs.body["attempts"])
+    for path, who in (
+        (f"/runs/{run['id']}/children/9/logs", a),
+        (f"/runs/{run['id']}/children/1/logs", tokens["b"]),
+    ):
+        assert call(api, "GET", path, who).status == 404
 
 
 def test_a_finished_run_is_posted_signed_to_its_notify_url_and_retried(
@@ -296,8 +306,12 @@ def test_a_run_submitted_after_others_over_http_waits_and_names_them(
         by_key.body["error"] == f"after: no run {up.body['key']!r} (by id or trigger key) of yours"
     )
     assert run_count() == before
+    read = call(api, "GET", f"/runs/{down.body['id']}", a).body
+    assert read["waiting_reason"] == "upstream"
+    assert read["waiting_because"].startswith(f"waits for run {up.body['id']} (")
     done = call(api, "GET", f"/runs/{down.body['id']}?wait=120", a)
     assert (done.body["state"], done.body["waiting_for"]) == ("succeeded", [])
+    assert (done.body["waiting_because"], done.body["waiting_reason"]) == (None, None)
 
 
 def test_a_batch_submit_answers_each_run_s_outcome_in_order(

@@ -126,8 +126,17 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     assert full is not None and not full.is_visible()
     child.click()
     assert full.is_visible() and "ValueError" in full.inner_text()
+    third = page.locator("#child-logs .attempt[data-attempt='3'][data-state='failed']")
+    third.wait_for(timeout=WAIT)  # the click shows the child's attempts
+    assert "checking 11..20 (attempt 3)" in third.inner_text()
+    assert page.locator("#child-logs .attempt").count() == 3
     assert page.is_enabled("#rerun") and not page.is_enabled("#cancel")
     shot(page, "failed-run")
+    page.fill("#log-child", "0")
+    page.click("#log-form button")
+    page.locator("#child-logs .attempt[data-state='succeeded']").wait_for(timeout=WAIT)
+    assert "checking 1..10 (attempt 1)" in page.inner_text("#child-logs")
+    shot(page, "child-logs")
 
     long = {"template": "slow_range", "variables": {"n": 4000, "delay": 0.05}}
     slow = call(site[1], "POST", "/runs", a, long).body
@@ -140,6 +149,10 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     upstream.wait_for(timeout=WAIT)
     assert upstream.inner_text() == f"#{slow['id']}"
     assert "waiting for 1 upstream run(s)" in page.inner_text("body")
+    why = page.locator("#run-why[data-reason='upstream']")
+    why.wait_for(timeout=WAIT)
+    assert f"Why it waits: waits for run {slow['id']} (running, " in why.inner_text()
+    shot(page, "why-it-waits")
     upstream.click()
     page.wait_for_selector("#run-state .state.running", timeout=WAIT)
     assert page.is_enabled("#cancel")

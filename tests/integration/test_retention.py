@@ -46,6 +46,24 @@ def finished_run(store: Store, children: int, days_ago: float, ok: bool = True) 
     return run_id
 
 
+def logged(store: Store, run_id: int, attempts: int) -> int:
+    """``attempts`` logged attempts of each child of the run (as failed ones leave), counted."""
+    with store.db.tx() as conn:
+        conn.execute(
+            sql(
+                "INSERT INTO dtask_child_logs (run_id, index, attempt, worker, state, output)"
+                " SELECT run_id, index, a, 'host:1', 'failed', 'out' FROM dtask_children,"
+                " generate_series(1, :n) a WHERE run_id = :id"
+            ),
+            {"id": run_id, "n": attempts},
+        )
+        return int(
+            conn.execute(
+                sql("SELECT count(*) FROM dtask_child_logs WHERE run_id = :id"), {"id": run_id}
+            ).scalar_one()
+        )
+
+
 def exists(store: Store, run_id: int) -> tuple[bool, int]:
     with store.db.tx() as conn:
         row = conn.execute(
@@ -65,10 +83,12 @@ def test_only_finished_runs_past_the_limit_go_with_their_children(store: Store) 
     running, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None))
     after, _ = store.runs.create(NewRun("t", f"test:{uuid.uuid4()}", {}, 1, None, after=[old[0]]))
     assert store.retention.count(30 * DAY).runs >= 2
+    assert logged(store, old[0], 2) == 2400 and logged(store, young, 1) == 3
     counted = store.retention.count(30 * DAY)
     pruned = store.retention.prune(30 * DAY, children_per_chunk=500)
     assert pruned == counted and pruned.children >= 1203
     assert [exists(store, r) for r in old] == [(False, 0), (False, 0)]
+    assert logged(store, old[0], 0) == 0 and logged(store, young, 0) == 3  # pruned with them
     assert exists(store, young) == (True, 3) and exists(store, running)[0]
     assert store.runs.status(after).after == ()  # its finished upstream is gone, not the run
     assert store.retention.prune(30 * DAY).runs == 0

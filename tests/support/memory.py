@@ -41,6 +41,8 @@ class MemoryChildren:
         self.t = tables
         self.written: list[tuple[str, int]] = []
         self.before: dict[str, Callable[[Claim], None]] = {}
+        # (run, index, attempt) -> (state, output, characters before it not kept)
+        self.logs: dict[tuple[int, int, int], tuple[str, str | None, int]] = {}
 
     def _claim(self, row: ChildRow, attempt: int | None = None, counted: bool = True) -> Claim:
         cap = self.t.runs[row.run_id].execution_cap
@@ -235,6 +237,7 @@ class MemoryChildren:
         traceback: str | None = None,
         output: str | None = None,
         final: bool = False,
+        skipped: int = 0,
     ) -> ChildState:
         self._hook("fail_attempt", claim)
         with self.t.lock:
@@ -251,7 +254,14 @@ class MemoryChildren:
             row.started_at = row.started_at if row.started_at is not None else now
             row.traceback, row.output = traceback, output
             row.owner, row.lease_expires_at, row.sent_at = None, None, now
+            self.logs[(row.run_id, row.index, claim.attempt)] = ("failed", output, skipped)
             return row.state
+
+    def write_log(
+        self, run_id: int, index: int, attempt: int, worker: str, kept: tuple[str | None, int]
+    ) -> None:
+        with self.t.lock:
+            self.logs[(run_id, index, attempt)] = ("running", *kept)
 
     def renew_lease(self, claim: Claim, lease_ttl: float) -> RunState | None:
         with self.t.lock:

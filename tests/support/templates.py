@@ -541,3 +541,38 @@ def fails_how(ctx: dtask.ChildContext, how: str) -> object:
     if how == "set":
         return {1, 2}
     raise ValueError("the service said 503")
+
+
+@dtask.template(
+    "chatty",
+    stealable=False,
+    params={"n": int, "lines": int, "every": float, "fail_first": int},
+    skeleton={
+        "start": 1,
+        "end": "${n}",
+        "lines": "${lines}",
+        "every": "${every}",
+        "fail_first": "${fail_first}",
+    },
+    split=dtask.RangeSplit("start", "end", chunk=1, carry=("lines", "every", "fail_first")),
+    max_attempts=3,
+)
+def chatty(
+    ctx: dtask.ChildContext, a: int, b: int, lines: int, every: float, fail_first: int
+) -> int:
+    """Prints ``lines`` numbered lines (one each ``every`` seconds) on stdout, one on stderr and
+    one through ``ctx.log``; with ``fail_first``, its first attempt fails after printing."""
+    import sys
+    import time
+
+    print(f"child {a} attempt {ctx.attempt} starts")
+    print(f"child {a} attempt {ctx.attempt} on stderr", file=sys.stderr)
+    ctx.log.warning("child %s attempt %s logs", a, ctx.attempt)
+    for i in range(lines):
+        print(f"line {i} of attempt {ctx.attempt}", flush=True)
+        if every:
+            time.sleep(every)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError(f"attempt {ctx.attempt} of child {a} fails on purpose")
+    print(f"child {a} attempt {ctx.attempt} ends")
+    return a

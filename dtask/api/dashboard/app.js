@@ -190,8 +190,24 @@ function runPage(id) {
   const canvas = el("canvas", { id: "grid" });
   const tip = el("p", { class: "muted", id: "grid-tip" }, "Each cell is a child, in index order: hover for its index.");
   const failed = el("div", { id: "failed" });
+  const logs = el("div", { id: "child-logs" });
+  const which = el("input", { id: "log-child", type: "number", min: "0", value: "0", style: "width:6em" });
+  async function showLogs(index) {
+    which.value = index;
+    try {
+      const { attempts } = await api(`/runs/${id}/children/${index}/logs`);
+      replace(logs, attempts.length ? attempts.map((a) => el("div", { class: "attempt", "data-attempt": a.attempt, "data-state": a.state },
+        el("h4", {}, `Child ${a.index}, attempt ${a.attempt} · ${a.worker || "no worker"} · ${a.state}${a.skipped ? ` · ${a.skipped.toLocaleString()} earlier characters not kept` : ""}`),
+        a.error ? el("pre", { class: "error" }, a.error) : null,
+        el("pre", { class: "log" }, a.output || "(printed nothing)"))) : el("p", { class: "muted" }, `Child ${index} has no output kept yet.`));
+    } catch (e) {
+      replace(logs, el("p", { class: "error" }, e.message));
+    }
+  }
+  const logCard = el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, "Child logs"),
+    el("form", { id: "log-form", onsubmit: (event) => { event.preventDefault(); showLogs(Number(which.value)); } }, "Child ", which, " ", el("button", { type: "submit" }, "Show")), logs);
   const legend = el("div", { class: "legend" }, Object.entries(COLOURS).map(([s, c]) => el("span", {}, el("i", { style: `background:${c}` }), s)));
-  replace(view, el("h2", {}, `Run #${id}`), head, el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, "Children"), legend, canvas, tip), failed);
+  replace(view, el("h2", {}, `Run #${id}`), head, el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, "Children"), legend, canvas, tip), failed, logCard);
   let drawnFor = "";
   let drawnAt = 0;
   let failedFor = -1;
@@ -199,7 +215,13 @@ function runPage(id) {
     const cell = Number(canvas.dataset.cell || 0);
     if (!cell) return;
     const index = Math.floor(event.offsetY / cell) * Number(canvas.dataset.columns) + Math.floor(event.offsetX / cell);
-    if (index < Number(canvas.dataset.drawn)) tip.textContent = `child ${index}`;
+    if (index < Number(canvas.dataset.drawn)) tip.textContent = `child ${index}: click for its logs`;
+  });
+  canvas.addEventListener("click", (event) => {
+    const cell = Number(canvas.dataset.cell || 0);
+    if (!cell) return;
+    const index = Math.floor(event.offsetY / cell) * Number(canvas.dataset.columns) + Math.floor(event.offsetX / cell);
+    if (index < Number(canvas.dataset.drawn)) showLogs(index);
   });
   async function act(action) {
     try { await api(`/runs/${id}/${action}`, { method: "POST" }); } catch (e) { alert(e.message); }
@@ -224,6 +246,7 @@ function runPage(id) {
           fact("Notify", run.notify ? `${run.notify.state} (${run.notify.attempts} tries)` : "none"),
           fact("After", upstreams(run))),
         el("h3", {}, "Progress"), progress(run, "100%"),
+        run.waiting_because ? el("p", { class: "why", id: "run-why", "data-reason": run.waiting_reason }, el("strong", {}, "Why it waits: "), run.waiting_because) : null,
         el("h3", {}, "Variables"), el("code", {}, JSON.stringify(run.variables)),
         run.error ? el("pre", { class: "error", id: "run-error" }, run.error) : null,
         el("div", { class: "actions" },
@@ -245,9 +268,9 @@ function runPage(id) {
         replace(failed, children.length ? el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, `Failed children (${run.children.failed})`),
           table(["Child", "Range", "Attempts", "Worker", "Error"], children.map((c) => {
             const full = el("pre", { class: "error", hidden: true }, c.error || "");
-            return el("tr", { class: "link failed-child", "data-index": c.index, onclick: () => { full.hidden = !full.hidden; } },
+            return el("tr", { class: "link failed-child", "data-index": c.index, onclick: () => { full.hidden = !full.hidden; showLogs(c.index); } },
               el("td", {}, c.index), el("td", {}, el("code", {}, JSON.stringify(c.spec))), el("td", {}, `${c.attempt}/${c.max_attempts}`),
-              el("td", { class: "muted" }, c.owner || "—"), el("td", {}, el("span", { class: "error" }, (c.error || "").trim().split("\n").pop()), full));
+              el("td", { class: "muted" }, c.worker || "—"), el("td", {}, el("span", { class: "error" }, (c.error || "").trim().split("\n").pop()), full));
           }))) : null);
       }
     },
