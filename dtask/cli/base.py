@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -64,12 +65,35 @@ def interrupted(exc: BaseException | None) -> bool:
     return False
 
 
+class _OldVar(argparse.Action):
+    """``-v NAME=VALUE``, the spelling of ``-e``/``--var`` until 0.x: still taken, with a note
+    (``-v`` is verbose or version in most commands people know; awk's ``-v`` aside)."""
+
+    said = False
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        getattr(namespace, self.dest).append(value)
+        if not _OldVar.said:
+            _OldVar.said = True
+            print(
+                "dtask: note: -v NAME=VALUE is now -e NAME=VALUE (or --var); -v keeps working"
+                " for now and will be removed",
+                file=sys.stderr,
+            )
+
+
+def add_vars(parser: argparse.ArgumentParser, help: str) -> None:
+    """``-e``/``--var NAME=VALUE`` (repeatable), and the retired ``-v``."""
+    parser.add_argument("-e", "--var", action="append", default=[], metavar="NAME=VALUE", help=help)
+    parser.add_argument("-v", action=_OldVar, dest="var", help=argparse.SUPPRESS)
+
+
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
     parsed: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise InvalidVariables(f"-v expects NAME=VALUE, got {pair!r}")
+            raise InvalidVariables(f"-e/--var expects NAME=VALUE, got {pair!r}")
         if name in parsed:
             raise InvalidVariables(f"variable {name!r} is given twice")
         parsed[name] = value

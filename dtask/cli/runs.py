@@ -11,6 +11,7 @@ from dtask.cli.base import (
     EXIT_NOT_YET,
     EXIT_OK,
     EXIT_RUN_FAILED,
+    add_vars,
     child_index,
     interrupted,
     limit,
@@ -36,7 +37,7 @@ def register(sub: Any) -> None:
     submit = sub.add_parser("submit", help="trigger a master run of a template")
     submit.set_defaults(handler=_cmd_submit)
     submit.add_argument("template")
-    submit.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
+    add_vars(submit, "a variable of the run (repeatable)")
     submit.add_argument(
         "--key",
         help="trigger key: a second submit with it (same --client) returns the same run",

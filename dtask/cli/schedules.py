@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, Parser, number, parse_vars
+from dtask.cli.base import EXIT_OK, Parser, add_vars, number, parse_vars
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, iso
 from dtask.exceptions import InvalidDelayTolerance
 
@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
     add = ops.add_parser("add", help="add a schedule: a template, its variables and when")
     add.add_argument("name")
     add.add_argument("template")
-    add.add_argument("-v", "--var", action="append", default=[], metavar="NAME=VALUE")
+    add_vars(add, "a variable of its runs (repeatable)")
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help="5 fields, or 6 with seconds first")
     when.add_argument("--every", type=int, metavar="SECONDS", help="an interval in seconds")

@@ -15,7 +15,6 @@ from dtask.cli.base import EXIT_OK, port, processes
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
 from dtask.exceptions import ConfigurationError
-from dtask.settings import is_redis
 
 
 def register(sub: Any) -> None:
@@ -298,6 +297,7 @@ def worker_argv(extra: Sequence[str]) -> list[str]:
 
 def run_worker(extra: Sequence[str]) -> int:
     from dtask import services
+    from dtask.settings import is_redis
     from dtask.worker import configure
     from dtask.worker.adopt import install_worker_side
 

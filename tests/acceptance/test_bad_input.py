@@ -19,39 +19,39 @@ pytestmark = pytest.mark.acceptance
 CASES: list[tuple[list[str], str]] = [
     (["submit", "nope"], "unknown template 'nope' (known: always_fails, "),
     (["submit", "print_range"], "template 'print_range' needs 'n'"),
-    (["submit", "print_range", "-v", "n=abc"], "variable 'n' must be int, got 'abc'"),
-    (["submit", "print_range", "-v", "n=-5"], "the range start=1 .. end=-5 is empty"),
-    (["submit", "print_range", "-v", "n=5", "-v", "m=1"], "has no parameter 'm'"),
+    (["submit", "print_range", "-e", "n=abc"], "variable 'n' must be int, got 'abc'"),
+    (["submit", "print_range", "-e", "n=-5"], "the range start=1 .. end=-5 is empty"),
+    (["submit", "print_range", "-e", "n=5", "-e", "m=1"], "has no parameter 'm'"),
     (
-        ["submit", "print_range", "-v", "n=1000000000"],
+        ["submit", "print_range", "-e", "n=1000000000"],
         "1,000,000 children, more than the maximum 100,000",
     ),
-    (["submit", "print_range", "-v", "n"], "-v expects NAME=VALUE"),
-    (["submit", "free_form", "-v", "steps=51"], "'steps' must be <= 50"),
+    (["submit", "print_range", "-e", "n"], "-e/--var expects NAME=VALUE"),
+    (["submit", "free_form", "-e", "steps=51"], "'steps' must be <= 50"),
     (
-        ["submit", "print_range", "-v", "n=5", "--execution-cap", "0"],
+        ["submit", "print_range", "-e", "n=5", "--execution-cap", "0"],
         "execution cap must be over 0 and at most 315,360,000 seconds, got 0.0",
     ),
     (
-        ["submit", "print_range", "-v", "n=5", "--execution-cap", "-3"],
+        ["submit", "print_range", "-e", "n=5", "--execution-cap", "-3"],
         "execution cap must be over 0 and at most 315,360,000 seconds, got -3.0",
     ),
     (
-        ["submit", "print_range", "-v", "n=5", "--execution-cap", "soon"],
+        ["submit", "print_range", "-e", "n=5", "--execution-cap", "soon"],
         "--execution-cap expects a number of seconds, got 'soon'",
     ),
     (["status", "987654"], "no run with id 987654"),
     (["token", "create", "--client", "nobody-here"], "no client named 'nobody-here'"),
     (["token", "revoke", "987654"], "no token with id 987654"),
     (["worker", "--tier", "gold"], "tier must be one of basic, regular, premium, got 'gold'"),
-    (["submit", "print_range", "-v", "n=5", "--tier", "gold"], "invalid choice: 'gold'"),
+    (["submit", "print_range", "-e", "n=5", "--tier", "gold"], "invalid choice: 'gold'"),
     (["status", "abc"], "argument run_id: 'abc' is not a run id"),
     (
-        ["submit", "print_range", "-v", "n=5", "--key", "k" * 301],
+        ["submit", "print_range", "-e", "n=5", "--key", "k" * 301],
         "the key is 301 characters, over the limit of 300",
     ),
     (
-        ["submit", "print_range", "-v", "n=5", "--key", "schedule:nightly:2026-11-24"],
+        ["submit", "print_range", "-e", "n=5", "--key", "schedule:nightly:2026-11-24"],
         "keys starting with 'schedule:' are reserved for schedule slots",
     ),
     (["runs", "--limit", "-1"], "argument --limit: '-1' is not a positive whole number"),
@@ -62,7 +62,7 @@ CASES: list[tuple[list[str], str]] = [
             "add",
             "x2",
             "print_range",
-            "-v",
+            "-e",
             "n=1",
             "--every",
             "5",
@@ -77,7 +77,7 @@ CASES: list[tuple[list[str], str]] = [
             "add",
             "x3",
             "print_range",
-            "-v",
+            "-e",
             "n=1",
             "--every",
             "5",
@@ -87,11 +87,11 @@ CASES: list[tuple[list[str], str]] = [
         "start and end must lie between 1970 and 8999, got 9999-12-31T23:59:59+00:00",
     ),
     (
-        ["schedule", "add", "x4", "print_range", "-v", "n=1", "--cron", "* " * 150],
+        ["schedule", "add", "x4", "print_range", "-e", "n=1", "--cron", "* " * 150],
         "a cron expression is at most 200 characters, got 300",
     ),
     (
-        ["submit", "print_range", "-v", "n=5", "--wait", "--timeout", "nan"],
+        ["submit", "print_range", "-e", "n=5", "--wait", "--timeout", "nan"],
         "argument --timeout: 'nan' is not a number of seconds (0 to 31,622,400)",
     ),
     (["status", "1", "--watch", "--timeout", "nan"], "argument --timeout: 'nan' is not a"),
@@ -168,7 +168,7 @@ def test_a_bad_execution_cap_from_python_creates_nothing(dtask_env: dict[str, st
 def test_a_too_large_split_is_also_configurable(dtask_env: dict[str, str]) -> None:
     env = {**dtask_env, "DTASK_MAX_CHILDREN": "5"}
     result = subprocess.run(
-        [DTASK, "submit", "print_range", "-v", "n=6000"], env=env, capture_output=True, text=True
+        [DTASK, "submit", "print_range", "-e", "n=6000"], env=env, capture_output=True, text=True
     )
     assert result.returncode == 2 and "6 children, more than the maximum 5" in result.stderr
 
@@ -181,7 +181,7 @@ def test_broker_down_at_submit_leaves_no_run(dtask_env: dict[str, str]) -> None:
         "DTASK_BROKER_URL": "redis://127.0.0.1:1/0",
     }
     result = subprocess.run(
-        [DTASK, "submit", "print_range", "-v", "n=10"], env=env, capture_output=True, text=True,
+        [DTASK, "submit", "print_range", "-e", "n=10"], env=env, capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
@@ -197,7 +197,7 @@ def test_database_down_is_one_line(dtask_env: dict[str, str]) -> None:
         "DTASK_DATABASE_URL": "postgresql+psycopg://dtask:s3cret@127.0.0.1:1/dtask",
         "DTASK_BROKER_URL": services.current().broker_url,
     }
-    for args in (["submit", "print_range", "-v", "n=10"], ["runs"], ["status", "1"]):
+    for args in (["submit", "print_range", "-e", "n=10"], ["runs"], ["status", "1"]):
         result = subprocess.run([DTASK, *args], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, args
         assert (

@@ -77,7 +77,7 @@ def test_four_processes_against_50_a_minute_create_exactly_50(dtask_env: dict[st
         assert sorted(s.id for s in listed) == sorted(created)  # nothing half-created
 
         refused = dtask_cli(
-            dtask_env, "submit", "flaky_range", "-v", "n=1", "-v", "fail_at=0", "--client", client
+            dtask_env, "submit", "flaky_range", "-e", "n=1", "-e", "fail_at=0", "--client", client
         )
         assert refused.returncode == 4
         assert refused.stdout == "" and len(refused.stderr.splitlines()) == 1
@@ -96,9 +96,9 @@ def test_client_commands_take_bad_input_in_one_line(dtask_env: dict[str, str]) -
         (("client", "set", "x", "--max-running", "two"), "--max-running expects a whole number"),
         (("client", "set", "bad name"), "client name 'bad name'"),
         (("client", "show", "nobody-here"), "no client named 'nobody-here'"),
-        (("submit", "flaky_range", "-v", "n=1", "-v", "fail_at=0", "--client", "nobody-here"),
+        (("submit", "flaky_range", "-e", "n=1", "-e", "fail_at=0", "--client", "nobody-here"),
          "create it with `dtask client set nobody-here`"),
-        (("submit", "flaky_range", "-v", "n=1", "-v", "fail_at=0", "--priority", "12"),
+        (("submit", "flaky_range", "-e", "n=1", "-e", "fail_at=0", "--priority", "12"),
          "priority must be a whole number from 0"),
     ]:  # fmt: skip
         result = dtask_cli(dtask_env, *argv)

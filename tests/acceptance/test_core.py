@@ -35,7 +35,7 @@ def test_print_range_100k_on_two_workers_prints_every_number_once(
     dtask_env: dict[str, str], workers: list[WorkerProcess]
 ) -> None:
     offsets = [len(w.output()) for w in workers]
-    result = cli(dtask_env, "submit", "print_range", "-v", "n=100000", "--wait", "--json")
+    result = cli(dtask_env, "submit", "print_range", "-e", "n=100000", "--wait", "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["state"] == "succeeded"
@@ -120,12 +120,12 @@ def result_keys(group: str) -> list[bytes]:
 
 def test_one_run_per_key(dtask_env: dict[str, str], workers: list[WorkerProcess]) -> None:
     key = f"nightly-{uuid.uuid4()}"
-    first = cli(dtask_env, "submit", "print_range", "-v", "n=10", "--key", key, "--json")
-    second = cli(dtask_env, "submit", "print_range", "-v", "n=10", "--key", key, "--json")
+    first = cli(dtask_env, "submit", "print_range", "-e", "n=10", "--key", key, "--json")
+    second = cli(dtask_env, "submit", "print_range", "-e", "n=10", "--key", key, "--json")
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     assert json.loads(first.stdout)["id"] == json.loads(second.stdout)["id"]
     assert json.loads(first.stdout)["key"] == key
-    other = cli(dtask_env, "submit", "print_range", "-v", "n=11", "--key", key)
+    other = cli(dtask_env, "submit", "print_range", "-e", "n=11", "--key", key)
     assert other.returncode == 2
     assert "already triggered run" in other.stderr
 

@@ -130,13 +130,13 @@ def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     third.wait_for(timeout=WAIT)  # the click shows the child's attempts
     assert "checking 11..20 (attempt 3)" in third.inner_text()
     assert page.locator("#child-logs .attempt").count() == 3
+    shot(page, "child-logs")
     assert page.is_enabled("#rerun") and not page.is_enabled("#cancel")
     shot(page, "failed-run")
     page.fill("#log-child", "0")
     page.click("#log-form button")
     page.locator("#child-logs .attempt[data-state='succeeded']").wait_for(timeout=WAIT)
     assert "checking 1..10 (attempt 1)" in page.inner_text("#child-logs")
-    shot(page, "child-logs")
 
     long = {"template": "slow_range", "variables": {"n": 4000, "delay": 0.05}}
     slow = call(site[1], "POST", "/runs", a, long).body

@@ -43,7 +43,7 @@ def test_a_run_that_cannot_start_in_time_is_late_or_failed(
         worker.wait_ready()
         for on_late in ("run", "fail"):
             made = dtask_cli(
-                env, "submit", "routed", "-v", "n=10", "--delay-tolerance", "1",
+                env, "submit", "routed", "-e", "n=10", "--delay-tolerance", "1",
                 "--on-late", on_late, "--json",
             )  # fmt: skip
             assert made.returncode == 0, made.stderr
@@ -61,7 +61,7 @@ def test_a_run_that_cannot_start_in_time_is_late_or_failed(
         assert "(late)" in text
         assert f"reaper: run {failed_run} is late" in worker.output()
         on_time = dtask_cli(
-            env, "submit", "free_form", "-v", "steps=1", "--delay-tolerance", "30", "--wait",
+            env, "submit", "free_form", "-e", "steps=1", "--delay-tolerance", "30", "--wait",
             "--json",
         )  # fmt: skip
         assert json.loads(on_time.stdout)["state"] == "succeeded", on_time.stderr
@@ -75,6 +75,6 @@ def test_a_run_that_cannot_start_in_time_is_late_or_failed(
 def test_bad_tolerances_are_one_line(dtask_env: dict[str, str]) -> None:
     for value, message in (("soon", "--delay-tolerance expects a number of seconds"),
                            ("0", "delay tolerance must be over 0 and at most")):  # fmt: skip
-        result = dtask_cli(dtask_env, "submit", "routed", "-v", "n=10", "--delay-tolerance", value)
+        result = dtask_cli(dtask_env, "submit", "routed", "-e", "n=10", "--delay-tolerance", value)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.splitlines()) == 1

@@ -47,7 +47,7 @@ def test_a_diamond_runs_in_order_with_its_branches_in_parallel(
 ) -> None:
     a = slow(20, delay=0.3)  # 6 s: still running while the CLI submits D and shows it waiting
     b, c = slow(after=[a]), slow(after=[a.id])
-    made = cli(dtask_env, "submit", "slow_range", "-v", "n=20", "-v", "delay=0.05",
+    made = cli(dtask_env, "submit", "slow_range", "-e", "n=20", "-e", "delay=0.05",
                "--after", str(b.id), "--after-key", b.status().key,
                "--after", str(c.id))  # fmt: skip
     assert made.returncode == 0, made.stderr
@@ -135,7 +135,7 @@ def test_a_worker_killed_while_an_upstream_finalizes_still_starts_the_dependent_
 def test_naming_a_run_that_does_not_exist_creates_nothing(dtask_env: dict[str, str]) -> None:
     before = len(services.store().runs.statuses(limit=1000))
     for args in (["--after", "987654321"], ["--after-key", "no-such-key"]):
-        refused = cli(dtask_env, "submit", "print_range", "-v", "n=5", "--key", "dep-x", *args)
+        refused = cli(dtask_env, "submit", "print_range", "-e", "n=5", "--key", "dep-x", *args)
         assert refused.returncode == 2, refused.stderr
         assert "after: no run with" in refused.stderr and "Traceback" not in refused.stderr
     assert len(services.store().runs.statuses(limit=1000)) == before

@@ -56,7 +56,7 @@ def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
 
 def submit(env: dict[str, str], *options: str, n: int, delay: float) -> int:
     made = cli(
-        env, "submit", "slow_range", "-v", f"n={n}", "-v", f"delay={delay}", "--json", *options
+        env, "submit", "slow_range", "-e", f"n={n}", "-e", f"delay={delay}", "--json", *options
     )
     return int(json.loads(made.stdout)["id"])
 
@@ -206,7 +206,7 @@ def test_a_one_child_run_runs_in_its_master_unless_the_dispatcher_has_to_decide(
     cli(window_env, "client", "set", "one-capped", "--max-running", "1")
 
     def ran_in(*options: str, n: int = 1) -> list[str]:
-        made = cli(window_env, "submit", "task_name", "-v", f"n={n}", "--json", *options)
+        made = cli(window_env, "submit", "task_name", "-e", f"n={n}", "--json", *options)
         run_id = int(json.loads(made.stdout)["id"])
         wait_for(lambda: state(run_id) == "succeeded", 120, f"run {run_id}")
         return json.loads(cli(window_env, "result", str(run_id)).stdout)  # type: ignore[no-any-return]
@@ -214,7 +214,7 @@ def test_a_one_child_run_runs_in_its_master_unless_the_dispatcher_has_to_decide(
     assert ran_in() == ["dtask.master"]
     assert ran_in("--client", "one-capped") == ["dtask.child"]
     assert ran_in(n=2) == ["dtask.child", "dtask.child"]
-    flaky = cli(window_env, "submit", "flaky_range", "-v", "n=5", "-v", "fail_at=3", "--json")
+    flaky = cli(window_env, "submit", "flaky_range", "-e", "n=5", "-e", "fail_at=3", "--json")
     run_id = int(json.loads(flaky.stdout)["id"])
     wait_for(lambda: state(run_id) == "succeeded", 120, f"run {run_id}")
     attempts = query("SELECT attempt FROM dtask_children WHERE run_id = :r", r=run_id)

@@ -109,7 +109,7 @@ def test_celery_dtask_lists_templates_whose_module_imports_a_model(env: dict[str
 
 
 def test_celery_dtask_submit_and_schedule_add_in_a_django_project(env: dict[str, str]) -> None:
-    submitted = celery(env, "dtask", "submit", "report_range", "-v", "n=5", "-v", "delay=0")
+    submitted = celery(env, "dtask", "submit", "report_range", "-e", "n=5", "-e", "delay=0")
     no_traceback(submitted)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     run_id = int(submitted.stdout.split()[1])  # "run 12 ..."
@@ -118,7 +118,7 @@ def test_celery_dtask_submit_and_schedule_add_in_a_django_project(env: dict[str,
 
     name = f"cb-{uuid.uuid4().hex[:8]}"
     added = celery(
-        env, "dtask", "schedule", "add", name, "record_range", "-v", "name=x", "-v", "n=1",
+        env, "dtask", "schedule", "add", name, "record_range", "-e", "name=x", "-e", "n=1",
         "--every", "3600",
     )  # fmt: skip
     no_traceback(added)
@@ -184,8 +184,8 @@ def test_dtask_beat_beside_django_celery_beat_sends_the_team_s_entries_once(
     beat_env = {**env, "PROJ_TICK": tick, "PROJ_BEAT_APP_ENTRIES": "0"}
     schedule = f"cb-{uuid.uuid4().hex[:8]}"
     added = celery(
-        env, "dtask", "schedule", "add", schedule, "record_range", "-v", f"name={schedule}",
-        "-v", "n=1", "--every", "1",
+        env, "dtask", "schedule", "add", schedule, "record_range", "-e", f"name={schedule}",
+        "-e", "n=1", "--every", "1",
     )  # fmt: skip
     assert added.returncode == 0, added.stderr[-3000:]
     try:

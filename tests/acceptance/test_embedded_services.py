@@ -64,14 +64,14 @@ def test_up_restarts_embedded_services_that_died_and_runs_still_finish(
         lambda: "the embedded PostgreSQL had stopped; restarted it" in log.read_text(), 60, "pg"
     )
     result = subprocess.run(
-        [DTASK, "submit", "print_range", "-v", "n=50", "--wait", "--timeout", "120", "--json"],
+        [DTASK, "submit", "print_range", "-e", "n=50", "--wait", "--timeout", "120", "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["state"] == "succeeded"
 
 
-@pytest.mark.parametrize("command", [["worker"], ["submit", "print_range", "-v", "n=5"]])
+@pytest.mark.parametrize("command", [["worker"], ["submit", "print_range", "-e", "n=5"]])
 def test_a_mix_of_shared_and_embedded_services_is_refused_in_one_line(
     dtask_env: dict[str, str], tmp_path: Path, command: list[str]
 ) -> None:
@@ -101,7 +101,7 @@ def test_explicit_urls_of_the_embedded_services_are_not_a_mix(dtask_env: dict[st
         "DTASK_BROKER_URL": resolved.broker_url,
     }
     result = subprocess.run(
-        [DTASK, "submit", "print_range", "-v", "n=5", "--json"],
+        [DTASK, "submit", "print_range", "-e", "n=5", "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -33,7 +33,7 @@ def worker(broker_env: dict[str, str], tmp_path: Path) -> Iterator[WorkerProcess
 
 
 def submit(env: dict[str, str], template: str, *options: str, **variables: object) -> int:
-    args = [a for name, value in variables.items() for a in ("-v", f"{name}={value}")]
+    args = [a for name, value in variables.items() for a in ("-e", f"{name}={value}")]
     result = subprocess.run(
         [DTASK, "submit", template, *args, *options, "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=60,

@@ -31,11 +31,11 @@ def one_line(result: subprocess.CompletedProcess[str], code: int, says: str) -> 
 
 def test_small_mistakes_get_one_line(dtask_env: dict[str, str]) -> None:
     one_line(
-        cli(dtask_env, "submit", "print_range", "-v", "n=\uff11\uff12"), 2,
+        cli(dtask_env, "submit", "print_range", "-e", "n=\uff11\uff12"), 2,
         "variable 'n' must be int, got '\uff11\uff12'",
     )  # fmt: skip
     one_line(
-        cli(dtask_env, "submit", "print_range", "-v", "n=5", "--key", " "), 2,
+        cli(dtask_env, "submit", "print_range", "-e", "n=5", "--key", " "), 2,
         "the key is empty (leave it out for an ad hoc run)",
     )  # fmt: skip
     one_line(cli(dtask_env, "drain", "worker-9"), 2, "no worker 'worker-9' answered")
@@ -109,7 +109,7 @@ def test_ctrl_c_while_waiting_says_how_to_follow_or_cancel_the_run(
     dtask_env: dict[str, str],
 ) -> None:
     proc = subprocess.Popen(
-        [DTASK, "submit", "print_range", "-v", "n=5", "--wait"], env=dtask_env, cwd=REPO,
+        [DTASK, "submit", "print_range", "-e", "n=5", "--wait"], env=dtask_env, cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_on_a_terminal,
     )  # fmt: skip
     assert proc.stderr is not None
@@ -127,7 +127,7 @@ def test_sigusr1_prints_where_a_waiting_command_is_and_it_waits_on(
     dtask_env: dict[str, str],
 ) -> None:
     proc = subprocess.Popen(
-        [DTASK, "submit", "print_range", "-v", "n=5", "--wait"], env=dtask_env, cwd=REPO,
+        [DTASK, "submit", "print_range", "-e", "n=5", "--wait"], env=dtask_env, cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_on_a_terminal,
     )  # fmt: skip
     assert proc.stderr is not None
@@ -240,7 +240,7 @@ def test_up_reload_restarts_the_workers_when_a_template_file_changes(tmp_path: P
 
     def result() -> str:
         done = subprocess.run(
-            [DTASK, "submit", "versioned", "-v", "n=1", "--wait", "--json", "--timeout", "120"],
+            [DTASK, "submit", "versioned", "-e", "n=1", "--wait", "--json", "--timeout", "120"],
             cwd=folder, env=env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -269,7 +269,7 @@ def test_cli_submit_exits_0_or_2_in_one_line(
     api: tuple[str, str, str], n: Any, flags: list[tuple[str, Any]]
 ) -> None:
     try:
-        argv = ["submit", "print_range", "-v", f"n={n}", "--client", "fz-http"]
+        argv = ["submit", "print_range", "-e", f"n={n}", "--client", "fz-http"]
         argv += [f"{flag}={value}" for flag, value in flags]
     except (ValueError, RecursionError):  # str() of an integer over 4,300 digits: no argv
         return

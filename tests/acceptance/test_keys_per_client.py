@@ -98,7 +98,7 @@ def test_another_client_s_key_is_a_new_run_of_the_caller_s_own(
     assert conflict.status == 409 and f"run {differs.body['id']} " in conflict.body["error"]
 
     cli = subprocess.run(
-        [DTASK, "submit", "print_range", "-v", "n=3", "--key", shared, "--client", "default"],
+        [DTASK, "submit", "print_range", "-e", "n=3", "--key", shared, "--client", "default"],
         env=dtask_env, cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert cli.returncode == 0, cli.stderr

@@ -71,7 +71,7 @@ def test_a_submit_past_a_bound_is_refused_and_stops_nobody(
 ) -> None:
     dtask.set_client("evil")  # an ordinary client, with no special rights
     before = run_count()
-    done = cli(dtask_env, "submit", "print_range", "-v", "n=5", "--client", "evil", *flags)
+    done = cli(dtask_env, "submit", "print_range", "-e", "n=5", "--client", "evil", *flags)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -82,7 +82,7 @@ def test_a_submit_past_a_bound_is_refused_and_stops_nobody(
 def test_a_schedule_past_a_bound_is_refused(dtask_env: dict[str, str]) -> None:
     before = schedule_count()
     done = cli(
-        dtask_env, "schedule", "add", "zbad", "print_range", "-v", "n=1",
+        dtask_env, "schedule", "add", "zbad", "print_range", "-e", "n=1",
         "--every", "5", "--delay-tolerance", "1e16",
     )  # fmt: skip
     assert done.returncode == 2, done

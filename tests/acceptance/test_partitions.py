@@ -58,7 +58,7 @@ class Net:
     outside: dict[str, str]
 
     def submit(self, template: str, **variables: object) -> int:
-        args = [a for name, value in variables.items() for a in ("-v", f"{name}={value}")]
+        args = [a for name, value in variables.items() for a in ("-e", f"{name}={value}")]
         result = subprocess.run(
             [DTASK, "submit", template, *args, "--json"],
             env=self.outside, cwd=REPO, capture_output=True, text=True, timeout=60,

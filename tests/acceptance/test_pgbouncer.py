@@ -58,12 +58,12 @@ def test_a_run_a_worker_killed_and_a_schedule_all_through_pgbouncer_in_transacti
             worker.wait_ready(timeout=120)
         beat.wait_ready(timeout=120)
         submitted = dtask(
-            pooled_env, "submit", "slow_range", "-v", "n=20000", "-v", "delay=0.0005", "--json"
+            pooled_env, "submit", "slow_range", "-e", "n=20000", "-e", "delay=0.0005", "--json"
         )
         assert submitted.returncode == 0, submitted.stderr
         run_id = int(json.loads(submitted.stdout)["id"])
         schedule = f"pooled-{run_id}"
-        added = dtask(pooled_env, "schedule", "add", schedule, "print_range", "-v", "n=3",
+        added = dtask(pooled_env, "schedule", "add", schedule, "print_range", "-e", "n=3",
                       "--every", "2")  # fmt: skip
         assert added.returncode == 0, added.stderr
 

@@ -125,7 +125,7 @@ def test_two_beats_one_killed_fire_every_slot_exactly_once(
     for i in range(2):
         start_beat(dtask_env, beats, tmp_path / f"beat{i}.log")
     name = new_name(names, "ha")
-    add(dtask_env, name, "print_range", "-v", "n=5", "--every", "1")
+    add(dtask_env, name, "print_range", "-e", "n=5", "--every", "1")
     time.sleep(15)
     # Kill the beat that fired the latest slot, so the survivor has to take over.
     latest = runs_of(name)[-1].id
@@ -157,7 +157,7 @@ def test_misfire_policies_after_every_beat_was_down_for_ten_slots(
     policies = {p: new_name(names, p.replace("_", "-")) for p in ("skip", "run_once", "catch_up")}
     beat = start_beat(dtask_env, beats, tmp_path / "before.log")
     for policy, name in policies.items():
-        add(dtask_env, name, "print_range", "-v", "n=1", "--every", "1", "--misfire", policy,
+        add(dtask_env, name, "print_range", "-e", "n=1", "--every", "1", "--misfire", policy,
             "--grace", "2")  # fmt: skip
     time.sleep(4)
     beat.stop()
@@ -198,7 +198,7 @@ def test_overlap_skip_and_buffer_one_with_runs_longer_than_the_interval(
     start_beat(dtask_env, beats, tmp_path / "beat.log")
     for name, policy in ((skip, "skip"), (buffer_one, "buffer_one")):
         # One child of 20 items x 0.25 s: each run takes about 5 s; a slot comes every 2 s.
-        add(dtask_env, name, "slow_range", "-v", "n=20", "-v", "delay=0.25",
+        add(dtask_env, name, "slow_range", "-e", "n=20", "-e", "delay=0.25",
             "--every", "2", "--overlap", policy)  # fmt: skip
     time.sleep(24)
     for name in (skip, buffer_one):
@@ -240,7 +240,7 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
     start_beat(dtask_env, beats, tmp_path / "beat.log")
     name = new_name(names, "live")
     added = time.monotonic()
-    add(dtask_env, name, "print_range", "-v", "n=3", "--every", "1")
+    add(dtask_env, name, "print_range", "-e", "n=3", "--every", "1")
     # the running beat reads the new schedule (no restart): its first run within seconds, as
     # a busy machine's seconds go (5.15 s once under 4 test processes)
     wait_for(lambda: runs_of(name), 15, "the new schedule's first run")
@@ -285,17 +285,17 @@ def test_changes_take_effect_without_restarting_beat_and_runs_show_their_slot(
 
 
 BAD_SCHEDULES: list[tuple[list[str], str]] = [
-    (["print_range", "-v", "n=5", "--cron", "61 * * * *"], "'61 * * * *': bad minute field"),
-    (["print_range", "-v", "n=5", "--cron", "0 0 30 2 *"], "never fires"),
-    (["print_range", "-v", "n=abc", "--every", "5"], "variable 'n' must be int"),
+    (["print_range", "-e", "n=5", "--cron", "61 * * * *"], "'61 * * * *': bad minute field"),
+    (["print_range", "-e", "n=5", "--cron", "0 0 30 2 *"], "never fires"),
+    (["print_range", "-e", "n=abc", "--every", "5"], "variable 'n' must be int"),
     (["print_range", "--every", "5"], "needs 'n'"),
-    (["print_range", "-v", "n=5", "-v", "m=1", "--every", "5"], "has no parameter 'm'"),
-    (["print_range", "-v", "n=1000000000", "--every", "5"], "children"),
+    (["print_range", "-e", "n=5", "-e", "m=1", "--every", "5"], "has no parameter 'm'"),
+    (["print_range", "-e", "n=1000000000", "--every", "5"], "children"),
     (["nope", "--every", "5"], "unknown template 'nope'"),
-    (["print_range", "-v", "n=5", "--every", "5", "--tz", "Mars/Base"], "unknown time zone"),
-    (["print_range", "-v", "n=5"], "one of the arguments --cron --every is required"),
-    (["print_range", "-v", "n=5", "--every", "5", "--overlap", "x"], "invalid choice: 'x'"),
-    (["print_range", "-v", "n=5", "--every", "5", "--start", "soon"], "not an ISO 8601"),
+    (["print_range", "-e", "n=5", "--every", "5", "--tz", "Mars/Base"], "unknown time zone"),
+    (["print_range", "-e", "n=5"], "one of the arguments --cron --every is required"),
+    (["print_range", "-e", "n=5", "--every", "5", "--overlap", "x"], "invalid choice: 'x'"),
+    (["print_range", "-e", "n=5", "--every", "5", "--start", "soon"], "not an ISO 8601"),
 ]
 
 
@@ -337,8 +337,8 @@ def test_a_schedule_after_another_runs_each_slot_once_after_the_same_slot_upstre
     for i in range(2):
         start_beat(dtask_env, beats, tmp_path / f"beat{i}.log")
     extract, load = new_name(names, "extract"), new_name(names, "load")
-    add(dtask_env, extract, "slow_range", "-v", "n=20", "-v", "delay=0.05", "--every", "2")
-    add(dtask_env, load, "print_range", "-v", "n=5", "--every", "2", "--after-schedule", extract)
+    add(dtask_env, extract, "slow_range", "-e", "n=20", "-e", "delay=0.05", "--every", "2")
+    add(dtask_env, load, "print_range", "-e", "n=5", "--every", "2", "--after-schedule", extract)
     shown = dtask(dtask_env, "schedule", "show", load)
     assert f"after      schedule {extract}" in shown.stdout, shown.stdout
     wait_for(lambda: sum(r.state == "succeeded" for r in runs_of(load)) >= 5, 120, "5 load slots")
@@ -356,9 +356,9 @@ def test_a_schedule_after_another_runs_each_slot_once_after_the_same_slot_upstre
             first = store.children.page(run.id, None, 1, None)[0]
             assert first.started_at is not None and up.finished_at is not None
             assert first.started_at >= up.finished_at
-    cycle = dtask(dtask_env, "schedule", "add", extract, "slow_range", "-v", "n=20", "-v",
+    cycle = dtask(dtask_env, "schedule", "add", extract, "slow_range", "-e", "n=20", "-e",
                   "delay=0.05", "--every", "2", "--after-schedule", load, "--replace")  # fmt: skip
     assert cycle.returncode == 2 and "already runs after" in cycle.stderr, cycle.stderr
-    missing = dtask(dtask_env, "schedule", "add", new_name(names, "x"), "print_range", "-v",
+    missing = dtask(dtask_env, "schedule", "add", new_name(names, "x"), "print_range", "-e",
                     "n=1", "--every", "2", "--after-schedule", "no-such-schedule")  # fmt: skip
     assert missing.returncode == 2 and "no such schedule" in missing.stderr, missing.stderr

@@ -38,7 +38,7 @@ def tiered_workers(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[None]:
 
 def submit(env: dict[str, str], n: int, delay: float, *options: str) -> int:
     done = subprocess.run(
-        [DTASK, "submit", "tagged", "-v", f"n={n}", "-v", f"delay={delay}", "--json", *options],
+        [DTASK, "submit", "tagged", "-e", f"n={n}", "-e", f"delay={delay}", "--json", *options],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -140,7 +140,7 @@ def test_the_installed_wheel_migrates_beside_another_history_and_runs_a_job(
             assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "worker not ready"
             time.sleep(0.2)
-        done = run("submit", "print_range", "-v", "n=300", "--wait", "--timeout", "120")
+        done = run("submit", "print_range", "-e", "n=300", "--wait", "--timeout", "120")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "succeeded" in done.stdout
     finally:

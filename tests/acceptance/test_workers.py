@@ -58,7 +58,7 @@ def test_workers_report_their_queues_and_slots_and_leave(
 
 
 def test_a_submit_nobody_can_serve_says_so(dtask_env: dict[str, str]) -> None:
-    result = dtask_cli(dtask_env, "submit", "routed", "-v", "n=10")
+    result = dtask_cli(dtask_env, "submit", "routed", "-e", "n=10")
     assert result.returncode == 0, result.stderr
     run_id = int(result.stdout.split()[1])
     try:
@@ -73,7 +73,7 @@ def test_a_submit_nobody_can_serve_says_so(dtask_env: dict[str, str]) -> None:
 def test_a_tiered_submit_nobody_can_serve_names_the_worker_to_start(
     dtask_env: dict[str, str],
 ) -> None:
-    result = dtask_cli(dtask_env, "submit", "routed", "-v", "n=10", "--tier", "premium", "--json")
+    result = dtask_cli(dtask_env, "submit", "routed", "-e", "n=10", "--tier", "premium", "--json")
     assert result.returncode == 0, result.stderr
     run = json.loads(result.stdout)
     try:

@@ -82,7 +82,7 @@ OPTIONS = ["--key", "--priority", "--delay-tolerance", "--execution-cap", "--aft
 def test_submit_exits_0_or_2_and_never_half_creates(
     made: None, n: str, options: list[tuple[str, str]]
 ) -> None:
-    argv = ["submit", "print_range", "-v", f"n={n}"]
+    argv = ["submit", "print_range", "-e", f"n={n}"]
     for option, value in options:
         argv += [f"{option}={value}"]
     check(argv, creates=1)
@@ -103,7 +103,7 @@ SCHEDULE_OPTIONS = ["--tz", "--start", "--end", "--grace", "--catch-up-window", 
 def test_schedule_add_exits_0_or_2_and_never_saves_what_cannot_be_listed(
     made: None, name: str, when: tuple[str, str], options: list[tuple[str, str]]
 ) -> None:
-    argv = ["schedule", "add", name, "print_range", "-v", "n=5", f"{when[0]}={when[1]}"]
+    argv = ["schedule", "add", name, "print_range", "-e", "n=5", f"{when[0]}={when[1]}"]
     for option, value in options:
         argv += [f"{option}={value}"]
     check(argv, creates=1)
