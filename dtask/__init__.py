@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from dtask.client.runs import Run, get_run, submit
     from dtask.client.schedules import (
         add_schedule,
+        backfill_schedule,
         get_schedule,
         list_schedules,
         pause_schedule,
@@ -88,6 +89,7 @@ _LAZY = {
     "submit": "dtask.client.runs",
     "submit_many": "dtask.client.bulk",
     "add_schedule": "dtask.client.schedules",
+    "backfill_schedule": "dtask.client.schedules",
     "get_schedule": "dtask.client.schedules",
     "list_schedules": "dtask.client.schedules",
     "pause_schedule": "dtask.client.schedules",
@@ -225,6 +227,7 @@ __all__ = [
     "UpstreamNotFound",
     "WaitTimeout",
     "add_schedule",
+    "backfill_schedule",
     "get_client",
     "get_run",
     "get_schedule",

@@ -111,3 +111,28 @@ async def pause_schedule(name: str, token: Admin) -> dict[str, Any]:
 async def resume_schedule(name: str, token: Admin) -> dict[str, Any]:
     """Enabled again from now on: slots that came while paused do not run."""
     return await run_in_threadpool(lambda: shown(scheduling.resume_schedule(name)))
+
+
+class BackfillBody(BaseModel):
+    """A range of the schedule's slots to run, both ends included."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: datetime = Field(alias="from", description="ISO 8601; without an offset, in its tz")
+    end: datetime = Field(alias="to")
+
+
+def _backfill(name: str, body: BackfillBody) -> dict[str, Any]:
+    tz = scheduling.get_schedule(name).timing.tz
+    start, end = _aware(body.start, tz), _aware(body.end, tz)
+    assert start is not None and end is not None
+    return scheduling.backfill_schedule(name, start, end).as_json()
+
+
+@router.post("/{name}/backfill")
+async def backfill_schedule(name: str, body: BackfillBody, token: Admin) -> dict[str, Any]:
+    """One run for each slot from ``from`` to ``to`` (at most 10,000), in slot order, each
+    once (a slot that has its run keeps it); ``{"schedule", "slots", "created", "existing",
+    "runs"}``. `dtask schedule backfill --max-running` paces them; here they all start and
+    queue under the dispatcher's limits."""
+    return await run_in_threadpool(_backfill, name, body)

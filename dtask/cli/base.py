@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from dtask.exceptions import DtaskError, InvalidVariables
+from dtask.exceptions import DtaskError, InvalidSchedule, InvalidVariables
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_BAD_INPUT, EXIT_NOT_YET = 0, 1, 2, 3
 TEMPLATES_HELP = (
@@ -144,3 +144,18 @@ child_index = bounded(int, 0, 2**31 - 1, "a child's index")
 limit = bounded(int, 1, 1_000_000, "a positive whole number")
 timeout = bounded(float, 0.0, 366 * 86400.0, "a number of seconds")
 processes = bounded(int, 1, 256, "a number of processes")
+
+
+def moment(text: str | None, tz: str) -> Any:
+    """An ISO 8601 time from the command line, in ``tz`` when it names no offset."""
+    from datetime import datetime
+
+    from dtask.domain.schedules import zone
+
+    if text is None:
+        return None
+    try:
+        found = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidSchedule(f"{text!r} is not an ISO 8601 time (e.g. 2026-12-01T09:00)") from None
+    return found if found.tzinfo else found.replace(tzinfo=zone(tz))

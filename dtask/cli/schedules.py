@@ -1,4 +1,5 @@
-"""`dtask schedule add|list|show|pause|resume|rm`: the schedules `dtask beat` triggers."""
+"""`dtask schedule add|list|show|pause|resume|rm|backfill`: the schedules `dtask beat`
+triggers."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from dtask.cli.base import EXIT_OK, Parser, add_vars, number, parse_vars
+from dtask.cli.base import EXIT_OK, Parser, add_vars, moment, number, parse_vars
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, iso
 from dtask.exceptions import InvalidDelayTolerance
 
@@ -54,6 +55,20 @@ def register(sub: Any) -> None:
     listed = ops.add_parser("list", help="list the schedules")
     listed.set_defaults(reads_only=True)
     listed.add_argument("--json", action="store_true")
+    backfill = ops.add_parser(
+        "backfill", help="run a schedule for each of its slots in a range (once per slot)"
+    )
+    backfill.add_argument("name")
+    backfill.add_argument(
+        "--from", dest="start", required=True, metavar="ISO", help="the first slot (its --tz)"
+    )
+    backfill.add_argument(
+        "--to", dest="end", required=True, metavar="ISO", help="the last slot, included"
+    )
+    backfill.add_argument(
+        "--max-running", type=int, metavar="N", help="at most N of its runs unfinished at once"
+    )
+    backfill.add_argument("--json", action="store_true")
     for name, text in (
         ("show", "show a schedule, its next slots and its latest runs"),
         ("pause", "stop triggering a schedule"),
@@ -89,8 +104,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             overlap=args.overlap,
             grace=args.grace,
             catch_up_window=args.catch_up_window,
-            start=_moment(args.start, args.tz),
-            end=_moment(args.end, args.tz),
+            start=moment(args.start, args.tz),
+            end=moment(args.end, args.tz),
             delay_tolerance=number(
                 args.delay_tolerance, float, "--delay-tolerance", InvalidDelayTolerance
             ),
@@ -111,6 +126,10 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
             upcoming = row["next_slots"][0] if row["next_slots"] else "-"
             print(f"{s.name:<20} {s.template:<16} {state:<8} {upcoming:<21} {s.timing.describe()}")
         return EXIT_OK
+    elif args.op == "backfill":
+        from dtask.cli.backfill import backfill
+
+        return backfill(args)
     elif args.op == "pause":
         schedule = scheduling.pause_schedule(args.name)
     elif args.op == "resume":
@@ -123,21 +142,6 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         schedule = scheduling.get_schedule(args.name)
     _print_schedule(schedule, getattr(args, "json", False))
     return EXIT_OK
-
-
-def _moment(text: str | None, tz: str) -> Any:
-    from datetime import datetime
-
-    from dtask.domain.schedules import zone
-    from dtask.exceptions import InvalidSchedule
-
-    if text is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidSchedule(f"{text!r} is not an ISO 8601 time (e.g. 2026-12-01T09:00)") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=zone(tz))
 
 
 def _print_schedule(schedule: Any, as_json: bool) -> None:

@@ -161,6 +161,18 @@ class ScheduleStore:
         if gone is None:
             raise _not_found(name)
 
+    def backfill(self, name: str, runs: list[NewRun]) -> Fired:
+        """The runs of some of the schedule's slots, in one transaction, each once per slot
+        (a slot that has its run keeps it), each after its upstream schedule's run of the
+        latest slot at or before it, as the beat fires them; the schedule's own bookkeeping
+        (what it decided, its next slot) is left alone."""
+        fired = Fired()
+        with self.db.tx() as conn:
+            schedule = self._get(conn, name)
+            for run in runs:
+                _insert_slot(conn, run, schedule.after_schedule, fired)
+        return fired
+
     def beat_pass(self, decide: Decide, hold_for: float, chunk: int = CHUNK) -> Fired:
         """Decide every enabled schedule that is due and no other beat is deciding, ``chunk``
         at a time, each chunk in a transaction of its own held at most ``hold_for`` seconds.
@@ -229,23 +241,7 @@ class ScheduleStore:
             return
         last_run = None
         for planned in firing.runs:
-            run = _after_upstream_slot(conn, planned, after_schedule)
-            run_id = insert_run(conn, run)
-            if run_id is not None and (run.after or run.unmet):
-                state = conn.execute(
-                    text("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
-                ).scalar_one()
-                held = state != "pending"  # waiting for its upstream, or failed by it
-                (fired.held if held else fired.created).append((run_id, run))
-            elif run_id is not None:
-                fired.created.append((run_id, run))
-            else:
-                run_id = conn.execute(  # the slot's run, charged to the schedule's client
-                    text("SELECT id FROM dtask_runs WHERE client = :client AND trigger_key = :key"),
-                    {"client": run.client, "key": run.key},
-                ).scalar_one()
-                fired.existing.append((run_id, run))
-            last_run = run_id
+            last_run = _insert_slot(conn, planned, after_schedule, fired)
         counters.add(conn, counters.SLOTS_FIRED, len(firing.runs), name)
         counters.add(conn, counters.SLOTS_MISSED, firing.missed_slots, name)
         conn.execute(
@@ -399,6 +395,30 @@ def _after_upstream_slot(conn: Connection, run: NewRun, upstream: str | None) ->
         unmet = f"schedule {upstream!r} has no run at or before slot {iso(run.slot)} to wait for"
         return replace(run, unmet=unmet)
     return replace(run, after=(int(found.id),))
+
+
+def _insert_slot(
+    conn: Connection, planned: NewRun, after_schedule: str | None, fired: Fired
+) -> int:
+    """A slot's run, once per slot (its key): created (its master to be sent), held (waiting
+    for its upstream slot's run, or failed by it), or found existing; its id."""
+    run = _after_upstream_slot(conn, planned, after_schedule)
+    run_id = insert_run(conn, run)
+    if run_id is not None and (run.after or run.unmet):
+        state = conn.execute(
+            text("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
+        ).scalar_one()
+        held = state != "pending"  # waiting for its upstream, or failed by it
+        (fired.held if held else fired.created).append((run_id, run))
+    elif run_id is not None:
+        fired.created.append((run_id, run))
+    else:
+        run_id = conn.execute(  # the slot's run, charged to the schedule's client
+            text("SELECT id FROM dtask_runs WHERE client = :client AND trigger_key = :key"),
+            {"client": run.client, "key": run.key},
+        ).scalar_one()
+        fired.existing.append((run_id, run))
+    return int(run_id)
 
 
 def _not_found(name: str) -> ScheduleNotFound:

@@ -28,10 +28,9 @@ from celery.beat import Scheduler
 
 from dtask import services
 from dtask.db.schedules import Firing
-from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.backfill import slot_runs
 from dtask.domain.runs import NewRun
-from dtask.domain.schedules import Schedule, Tick, iso, trigger_key
-from dtask.domain.templates import registry
+from dtask.domain.schedules import Schedule, Tick, iso
 from dtask.exceptions import DtaskError
 from dtask.worker.messages import send_master
 
@@ -116,27 +115,7 @@ def _failed(schedule: Schedule, error: str) -> Firing:
 
 
 def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
-    """Checked again at fire time: the template's code may have changed since the save."""
-    tpl = registry.get(schedule.template)
-    variables = tpl.validate(schedule.variables)
-    tpl.precheck(variables, services.current().settings.max_children)
-    timing = schedule.timing
-    return [
-        NewRun(
-            template=tpl.name,
-            key=trigger_key(schedule.name, slot),
-            variables=variables,
-            max_attempts=tpl.options.max_attempts,
-            queue=tpl.options.queue,
-            schedule=schedule.name,
-            slot=slot,
-            # the deadline: slot + tolerance
-            delay_tolerance=timing.delay_tolerance or tpl.options.delay_tolerance,
-            on_late=timing.on_late or tpl.options.on_late,
-            tier=tpl.options.tier,
-        ).charged_to(Client(DEFAULT_CLIENT))  # a slot's run is the default client's
-        for slot in tick.fire
-    ]
+    return slot_runs(schedule, tick.fire, services.current().settings.max_children)
 
 
 def _explain(schedule: Schedule, tick: Tick) -> None:

@@ -209,6 +209,17 @@ def test_schedules_over_http_for_admin_tokens(api: str, tokens: dict[str, str]) 
     assert call(api, "POST", f"/schedules/{name}/pause", admin).body["enabled"] is False
     assert call(api, "POST", f"/schedules/{name}/resume", admin).body["enabled"] is True
     assert name in [s["name"] for s in call(api, "GET", "/schedules", admin).body]
+    days = {"from": "2026-03-01T00:00", "to": "2026-03-03T23:00"}
+    filled = call(api, "POST", f"/schedules/{name}/backfill", admin, days)
+    assert filled.status == 200, filled.body
+    assert (filled.body["slots"], filled.body["created"], len(filled.body["runs"])) == (3, 3, 3)
+    again = call(api, "POST", f"/schedules/{name}/backfill", admin, days).body
+    assert (again["created"], again["existing"], again["runs"]) == (0, 3, filled.body["runs"])
+    assert call(api, "POST", f"/schedules/{name}/backfill", tokens["a"], days).status == 403
+    wrong = call(
+        api, "POST", f"/schedules/{name}/backfill", admin, {"from": days["to"], "to": days["from"]}
+    )
+    assert wrong.status == 422 and "is before its --from" in wrong.body["error"]
     removed = urllib.request.Request(f"{api}/schedules/{name}", method="DELETE")
     removed.add_header("Authorization", f"Bearer {admin}")
     with urllib.request.urlopen(removed, timeout=30) as response:

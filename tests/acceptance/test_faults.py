@@ -285,7 +285,7 @@ def test_4_the_chord_callback_is_lost_with_its_worker(cluster: Cluster, tmp_path
     """The callback's worker dies and its message is gone (on RabbitMQ it would be requeued:
     every worker is killed and the queue purged first), so only the reaper can finalize."""
     run_id = cluster.submit("slow_range", n=40, delay=0.1)  # two children of 2 s: time to lock
-    wait_for(lambda: services.store().runs.get(run_id).state.value == "running", 20, "dispatch")
+    wait_for(lambda: services.store().runs.get(run_id).state.value == "running", 60, "dispatch")
     held = _hold_run_lock(run_id)
     try:
         wait_for(lambda: dtask.get_run(run_id).status().children.succeeded == 2, 30, "children")
