@@ -14,7 +14,7 @@ import pytest
 
 import dtask
 from dtask import services
-from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.conftest import DTASK, REPO, WorkerProcess, running_workers
 
 pytestmark = pytest.mark.acceptance
 
@@ -23,12 +23,8 @@ pytestmark = pytest.mark.acceptance
 def worker(
     dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    one = WorkerProcess(dtask_env, tmp_path_factory.mktemp("backfill") / "w.log", "-c", "2")
-    try:
-        one.wait_ready()
+    with running_workers(dtask_env, tmp_path_factory.mktemp("backfill"), 1, "-c", "2") as [one]:
         yield one
-    finally:
-        one.stop()
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import pytest
 
 import dtask
 from dtask import services
-from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.conftest import DTASK, REPO, WorkerProcess, running_workers
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -30,12 +30,8 @@ def env(dtask_env: dict[str, str]) -> dict[str, str]:
 def worker(
     env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    one = WorkerProcess(env, tmp_path_factory.mktemp("logs") / "w.log", "-c", "2")
-    try:
-        one.wait_ready()
+    with running_workers(env, tmp_path_factory.mktemp("logs"), 1, "-c", "2") as [one]:
         yield one
-    finally:
-        one.stop()
 
 
 def logs(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -262,8 +262,21 @@ def test_a_high_priority_one_child_run_overtakes_a_burst_of_them(
             t=urgent_done,
         )[0][0]
     )
-    print(f"\n{later} of {len(burst)} default-priority runs finished after the priority-9 one")
-    # In FIFO order it would finish after all but the few in flight; how far ahead it gets
-    # depends on the machine's pace (61 of 200 on a loaded one, more on a quiet one): that
-    # figure is bench.small_runs's, this bound only says it overtook a large share.
-    assert later >= len(burst) // 10, later
+    # what it could overtake: the burst's runs not finished when it was submitted (a busy
+    # machine's workers keep up with a starved submitter: 200 on a quiet one, 3 seen)
+    urgent_made = query("SELECT created_at FROM dtask_runs WHERE id = :r", r=urgent)[0][0]
+    behind = int(
+        query(
+            "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND finished_at > :t",
+            ids=burst,
+            t=urgent_made,
+        )[0][0]
+    )
+    print(f"\n{later} of the {behind} default-priority runs unfinished at its submit finished"
+          " after the priority-9 one")  # fmt: skip
+    if behind < 20:
+        pytest.skip(f"only {behind} of the burst were unfinished when the urgent run came")
+    # In FIFO order it would finish after all of them but the few in flight; how far ahead
+    # it gets depends on the machine's pace (61 of 200 on a loaded one, more on a quiet one):
+    # that figure is bench.small_runs's, this bound only says it overtook a large share.
+    assert later >= behind // 10, (later, behind)

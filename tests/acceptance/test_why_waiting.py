@@ -18,7 +18,7 @@ import pytest
 
 import dtask
 from dtask.domain.waiting import Reason, Waiting
-from tests.conftest import DTASK, REPO, WorkerProcess
+from tests.conftest import DTASK, REPO, WorkerProcess, running_workers
 from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
@@ -59,12 +59,8 @@ def reason_of(run: dtask.Run, expected: Reason, saying: str = "") -> Waiting:
 def worker(
     dtask_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    one = WorkerProcess(dtask_env, tmp_path_factory.mktemp("why") / "w.log", "-c", "1")
-    try:
-        one.wait_ready()
+    with running_workers(dtask_env, tmp_path_factory.mktemp("why"), 1, "-c", "1") as [one]:
         yield one
-    finally:
-        one.stop()
 
 
 def test_with_no_live_worker_status_and_wait_say_so(dtask_env: dict[str, str]) -> None:
