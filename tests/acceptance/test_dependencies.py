@@ -43,9 +43,11 @@ def slow(n: int = 40, after: list[Any] | None = None, delay: float = 0.05) -> dt
 
 
 def test_a_diamond_runs_in_order_with_its_branches_in_parallel(
-    dtask_env: dict[str, str], workers: list[WorkerProcess]
+    dtask_env: dict[str, str], workers: list[WorkerProcess], sink: Path
 ) -> None:
-    a = slow(20, delay=0.3)  # 6 s: still running while the CLI submits D and shows it waiting
+    hold = sink / "hold-diamond"
+    hold.touch()  # A runs until D has been seen waiting, however slow the CLI starts
+    a = dtask.submit("held_range", {"n": 20, "delay": 0.05, "hold": hold.name})
     b, c = slow(after=[a]), slow(after=[a.id])
     made = cli(dtask_env, "submit", "slow_range", "-e", "n=20", "-e", "delay=0.05",
                "--after", str(b.id), "--after-key", b.status().key,
@@ -56,6 +58,7 @@ def test_a_diamond_runs_in_order_with_its_branches_in_parallel(
     assert d.state is dtask.RunState.WAITING and d.status().waiting_for == (b.id, c.id)
     shown = json.loads(cli(dtask_env, "status", str(d.id), "--json").stdout)
     assert (shown["after"], shown["state"]) == ([b.id, c.id], "waiting")
+    hold.unlink()
     assert d.wait(timeout=120).state is dtask.RunState.SUCCEEDED
     (_, a_done, _), (b_first, b_done, _), (c_first, c_done, _), (d_first, _, split) = (
         times(r.id) for r in (a, b, c, d)
@@ -69,7 +72,7 @@ def test_a_diamond_runs_in_order_with_its_branches_in_parallel(
     graph = cli(dtask_env, "graph", str(d.id))
     assert graph.returncode == 0, graph.stderr
     assert f"├── run {b.id} slow_range (succeeded)" in graph.stdout
-    assert f"run {a.id} slow_range (succeeded) (see above)" in graph.stdout
+    assert f"run {a.id} held_range (succeeded) (see above)" in graph.stdout
 
 
 def test_a_failed_upstream_fails_everything_below_it_and_no_child_runs(
