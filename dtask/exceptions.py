@@ -226,3 +226,7 @@ class InvalidCheckpoint(Invalid):
 class InvalidInput(Invalid):
     """A value PostgreSQL cannot hold (text with a NUL or undecodable bytes, a number out of
     range) reached a query past the checks at the edges."""
+
+
+class InvalidConcurrency(Invalid):
+    """A concurrency key or limit that cannot be used (docs/concurrency.md)."""

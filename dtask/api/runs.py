@@ -47,6 +47,12 @@ class Options(BaseModel):
         description="trigger keys of runs it waits for (the submitting client's runs)",
     )
     notify_url: str | None = Field(None, description="POSTed the run's JSON when it finishes")
+    concurrency_key: str | None = Field(
+        None, description="runs of one key beyond max_concurrent wait (placeholders allowed)"
+    )
+    max_concurrent: int | None = Field(
+        None, description="unfinished runs per concurrency key (default 1, or the template's)"
+    )
 
     def submit_options(self, token: Token) -> dict[str, Any]:
         """The options as ``dtask.submit`` takes them, as the token may submit them."""
@@ -57,6 +63,7 @@ class Options(BaseModel):
             execution_cap=self.execution_cap, client=client, priority=self.priority,
             delay_tolerance=self.delay_tolerance, on_late=self.on_late, tier=self.tier,
             notify_url=self.notify_url, after=_upstreams(token, self, client) or None,
+            concurrency_key=self.concurrency_key, max_concurrent=self.max_concurrent,
         )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from dtask.domain.schedules import iso
 from dtask.domain.waiting import waiting_json
 from dtask.exceptions import (
     InvalidClient,
+    InvalidConcurrency,
     InvalidDelayTolerance,
     InvalidExecutionCap,
     InvalidVariables,
@@ -68,6 +69,17 @@ def register(sub: Any) -> None:
     )
     submit.add_argument(
         "--notify-url", metavar="URL", help="POSTed the run's JSON when it finishes (signed)"
+    )
+    submit.add_argument(
+        "--concurrency-key",
+        metavar="KEY",
+        help="runs of this key (placeholders: ${name}) beyond --max-concurrent wait their turn;"
+        " default the template's",
+    )
+    submit.add_argument(
+        "--max-concurrent",
+        metavar="N",
+        help="unfinished runs of the client per concurrency key (default 1, or the template's)",
     )
     submit.add_argument(
         "--after",
@@ -183,6 +195,8 @@ def _print_status(status: RunStatus, as_json: bool) -> None:
     if status.after:
         unfinished = f" (waiting for {_runs(status.waiting_for)})" if status.waiting_for else ""
         print(f"  after      {_runs(status.after)}{unfinished}")
+    if status.concurrency_key:
+        print(f"  key limit  {status.concurrency_key!r}, max_concurrent {status.max_concurrent}")
     if status.schedule:
         slot = iso(status.slot) if status.slot else "?"
         print(f"  schedule   {status.schedule}, slot {slot}")
@@ -244,6 +258,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         tier=args.tier,
         notify_url=args.notify_url,
         after=[*args.after, *args.after_key] or None,
+        concurrency_key=args.concurrency_key,
+        max_concurrent=number(args.max_concurrent, int, "--max-concurrent", InvalidConcurrency),
     )
     if args.source is not None:
         from dtask.cli.bulk import submit_lines
@@ -261,6 +277,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             status = run.status()
             if status.waiting_for:
                 verb += f", waiting for {_runs(status.waiting_for)}"
+            elif status.state is RunState.WAITING:
+                verb += f", waiting for its turn of concurrency key {status.concurrency_key!r}"
             elif status.state is RunState.FAILED:
                 verb += f", failed: {status.error}"
             print(f"run {run.id} {verb}", file=sys.stderr if args.wait else sys.stdout)

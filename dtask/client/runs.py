@@ -19,6 +19,7 @@ from dtask.client.waiting import why
 from dtask.db import Store
 from dtask.db.run_inserts import Created
 from dtask.domain.clients import DEFAULT_CLIENT, check_name, check_priority, tier_of
+from dtask.domain.concurrency import Concurrency, check_concurrency, run_limit
 from dtask.domain.deadlines import (
     check_delay_tolerance,
     check_queue,
@@ -278,6 +279,7 @@ class Prepared:
     base: NewRun
     settings: Settings
     eager: bool
+    concurrency: Concurrency | None = None
 
     def run(self, variables: dict[str, Any], key: str | None) -> NewRun:
         """The run of ``variables`` and ``key`` (a fresh key if None); InvalidVariables or
@@ -296,6 +298,7 @@ class Prepared:
             key=key or f"adhoc:{uuid.uuid4()}",
             variables=checked,
             expected_children=children,
+            **run_limit(self.concurrency, checked, where),
         )
 
 
@@ -351,7 +354,21 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
         start_in=start_in,
         after=_upstreams(services.store(), options.get("after"), where, client),
     )
-    return Prepared(tpl, base, config, eager_mode)
+    return Prepared(tpl, base, config, eager_mode, _concurrency(tpl, options, where))
+
+
+def _concurrency(tpl: Template, options: RunOptions, where: str) -> Concurrency | None:
+    """The run's concurrency key and limit: the submit's where it names them (a limit alone
+    changes the template's key's), else the template's."""
+    key, most = options.get("concurrency_key"), options.get("max_concurrent")
+    own = tpl.options.concurrency
+    if key is None and most is not None and own is not None:
+        key = own.key
+    if key is None and most is None:
+        return own
+    if most is None and own is not None:
+        most = own.most
+    return check_concurrency(key, most, where, set(tpl.params))
 
 
 def _start(run: Created, new_run: NewRun, shown: str) -> None:
@@ -377,6 +394,7 @@ def _awaits_pickup(run: NewRun) -> bool:
     run due now that waits for no upstream."""
     return (
         not run.after
+        and not run.concurrency_key  # its key's admission sends it, or the finish of another
         and run.start_in is None
         and run.start_at is None
         and is_redis(str(_app().conf.broker_url))

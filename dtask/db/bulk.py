@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -18,7 +19,9 @@ from dtask.db.run_inserts import (
     INSERT_MANY,
     Created,
     RunInserts,
+    admitted,
     key_conflict,
+    keyed,
     known,
     params,
 )
@@ -94,20 +97,33 @@ def insert_chunk(conn: Connection, runs: Sequence[NewRun]) -> list[Result]:
 
 def _insert(conn: Connection, charged: NewRun, runs: Sequence[NewRun]) -> dict[str, Created]:
     state, error = deps.initial_state(conn, charged.after)
-    values = params(charged, state, error)
+    values = params(charged, keyed(charged, state), error)
     values["items"] = json.dumps(
         [
-            {"key": r.key, "variables": r.variables, "expected_children": r.expected_children}
+            {
+                "key": r.key,
+                "variables": r.variables,
+                "expected_children": r.expected_children,
+                "concurrency_key": r.concurrency_key,
+            }
             for r in runs
         ]
     )
     rows = conn.execute(INSERT_MANY, values).all()
     deps.insert_many(conn, [int(r.id) for r in rows], charged.after)
-    return {
-        str(r.trigger_key): Created(
-            int(r.id), True, RunState(r.state), float(r.starts_in), r.priority
+    by_key = {r.key: r for r in runs}
+    made = [
+        (
+            replace(charged, concurrency_key=by_key[str(r.trigger_key)].concurrency_key),
+            Created(int(r.id), True, RunState(r.state), float(r.starts_in), r.priority),
         )
         for r in rows
+    ]
+    return {
+        run.key: created
+        for run, created in zip(
+            (by_key[str(r.trigger_key)] for r in rows), admitted(conn, made), strict=True
+        )
     }
 
 

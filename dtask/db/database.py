@@ -27,6 +27,7 @@ from dtask.settings import mask
 RUN_LOCKS = 0x64746B  # "dtk": keeps our advisory locks apart from the application's
 REAPER_LOCK = 0x64746C
 DISPATCH_LOCK = 0x64746D
+KEY_LOCKS = 0x64746F  # concurrency keys (dtask.db.concurrency), one per hash of a client and key
 
 # Statements are parsed once per process: building a TextClause costs more than a short
 # child's whole UPDATE round trip.

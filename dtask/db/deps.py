@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection
 
+from dtask.db import concurrency
 from dtask.db.database import sql
 from dtask.domain.deps import Node, start_state, upstream_error
 from dtask.domain.runs import RunState
@@ -88,14 +89,18 @@ def upstreams_of(conn: Connection, run_id: int) -> list[int]:
     return upstreams_of_many(conn, [run_id]).get(run_id, [])
 
 
-def settle(conn: Connection, run_id: int, state: RunState) -> list[int]:
-    """``run_id`` has just become ``state`` in this transaction: its waiting dependents
-    released (returned: their masters are to be sent after the commit) or failed."""
+def settle(
+    conn: Connection, run_id: int, state: RunState, key: concurrency.Key | None = None
+) -> list[int]:
+    """``run_id`` (of concurrency ``key``, if any) has just become ``state`` in this
+    transaction: its waiting dependents released or failed, and the next runs of its key
+    admitted; those that start are returned (their masters are to be sent after the commit)."""
+    keys = [] if key is None else [key]
     if state is RunState.SUCCEEDED:
-        return release(conn, waiting_dependents(conn, [run_id]))
+        return release(conn, waiting_dependents(conn, [run_id]), keys)
     if state in (RunState.FAILED, RunState.CANCELLED):
         fail_downstream(conn, run_id, state)
-    return []
+    return concurrency.admit(conn, keys)
 
 
 def waiting_dependents(conn: Connection, upstreams: Sequence[int]) -> list[int]:
@@ -112,22 +117,28 @@ def waiting_dependents(conn: Connection, upstreams: Sequence[int]) -> list[int]:
     ]
 
 
-def release(conn: Connection, candidates: Sequence[int]) -> list[int]:
+def release(
+    conn: Connection, candidates: Sequence[int], keys: Sequence[concurrency.Key] = ()
+) -> list[int]:
     """Those of the (locked) waiting ``candidates`` whose every upstream has succeeded, moved
-    to pending. A statement of its own: it sees what was committed before the locks."""
+    to pending; those of a concurrency key when their key admits them, with what ``keys``
+    admit (the keys' locks the last this transaction takes). A statement of its own: it sees
+    what was committed before the locks."""
     if not candidates:
-        return []
+        return concurrency.admit(conn, keys)
     rows = conn.execute(
         sql(
             "UPDATE dtask_runs r SET state = 'pending', updated_at = now()"
-            " WHERE r.id = ANY(:ids) AND r.state = 'waiting' AND NOT EXISTS ("
+            " WHERE r.id = ANY(:ids) AND r.state = 'waiting' AND r.concurrency_key IS NULL"
+            " AND NOT EXISTS ("
             "   SELECT 1 FROM dtask_run_deps d JOIN dtask_runs u ON u.id = d.upstream_id"
             "   WHERE d.run_id = r.id AND u.state <> 'succeeded')"
             " RETURNING r.id"
         ),
         {"ids": list(candidates)},
     ).all()
-    return sorted(int(r.id) for r in rows)
+    admitted = concurrency.admit(conn, [*keys, *concurrency.keys_waiting(conn, candidates)])
+    return sorted({*(int(r.id) for r in rows), *admitted})
 
 
 def fail_downstream(conn: Connection, run_id: int, state: RunState) -> int:
@@ -173,13 +184,16 @@ def fail_downstream(conn: Connection, run_id: int, state: RunState) -> int:
 
 def settle_orphans(conn: Connection, limit: int) -> list[int]:
     """Waiting runs whose upstreams have all finished, settled here (the safety net for a
-    settle that never ran); the released ones, whose masters are to be sent."""
+    settle that never ran), and runs that wait for a concurrency key with room (an older
+    dtask finished a run of their key); the released ones, whose masters are to be sent."""
     ids = [
         int(r.id)
         for r in conn.execute(
             sql(
                 "SELECT r.id FROM dtask_runs r WHERE r.state = 'waiting'"
-                f" AND NOT {_UNFINISHED_UPSTREAM}"
+                f" AND NOT {_UNFINISHED_UPSTREAM} AND (r.concurrency_key IS NULL OR EXISTS ("
+                "   SELECT 1 FROM dtask_run_deps d JOIN dtask_runs u ON u.id = d.upstream_id"
+                "   WHERE d.run_id = r.id AND u.state <> 'succeeded'))"
                 " ORDER BY r.id LIMIT :limit FOR UPDATE SKIP LOCKED"
             ),
             {"limit": limit},
@@ -207,7 +221,7 @@ def settle_orphans(conn: Connection, limit: int) -> list[int]:
                 {"id": run_id, "error": error},
             )
             fail_downstream(conn, run_id, RunState.FAILED)
-    return released
+    return sorted({*released, *concurrency.admit(conn, concurrency.stuck(conn, limit))})
 
 
 def waiting_for(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[list[int], list[int]]]:

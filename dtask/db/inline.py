@@ -145,7 +145,7 @@ def finish(
             " result = NULL, updated_at = now() WHERE id = :id AND state = 'running'"
             " AND NOT EXISTS (SELECT FROM dtask_children WHERE run_id = :id"
             "   AND state <> 'succeeded')"
-            " RETURNING chains IS NOT NULL AS chained"
+            " RETURNING chains IS NOT NULL AS chained, client, concurrency_key"
         ),
         {"id": run_id},
     ).first()
@@ -153,7 +153,8 @@ def finish(
         return None
     if run.chained and chained is not None:
         chained.append(run_id)
-    return deps.settle(conn, run_id, RunState.SUCCEEDED)
+    key = (run.client, run.concurrency_key) if run.concurrency_key else None
+    return deps.settle(conn, run_id, RunState.SUCCEEDED, key)
 
 
 # A plan for one run: (its template, variables, live slots) -> its children's specs, or None
@@ -268,12 +269,13 @@ class InlineStore:
                     " UPDATE dtask_runs SET state = 'succeeded', error = NULL, finished_at = now(),"
                     " result = NULL, updated_at = now() WHERE id IN (SELECT run_id FROM child)"
                     " AND state = 'running' AND child_total = 1"
-                    " RETURNING id, chains IS NOT NULL AS chained"
+                    " RETURNING id, chains IS NOT NULL AS chained, client, concurrency_key"
                 ),
                 batch_values([d for _, d in done]),
             ).all()
             succeeded = sorted(int(r.id) for r in rows)
-            released = deps.release(conn, deps.waiting_dependents(conn, succeeded))
+            keys = [(r.client, r.concurrency_key) for r in rows if r.concurrency_key]
+            released = deps.release(conn, deps.waiting_dependents(conn, succeeded), keys)
         return Ended(succeeded, sorted(int(r.id) for r in rows if r.chained), released)
 
 

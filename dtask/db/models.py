@@ -122,6 +122,9 @@ class RunRow(Base):
     split_slots: Mapped[int | None] = mapped_column(Integer)
     # cancelled with --terminate: a running child that does not stop is killed (migration 0033)
     terminate: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # at most max_concurrent unfinished runs of a client per key (dtask.db.concurrency)
+    concurrency_key: Mapped[str | None] = mapped_column(String(200))
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)
@@ -140,6 +143,13 @@ class RunRow(Base):
         Index(None, "schedule", "id", postgresql_where=text("schedule IS NOT NULL")),
         Index("ix_dtask_runs_id_waiting", "id", postgresql_where=text("state = 'waiting'")),
         Index("ix_dtask_runs_id_chained", "id", postgresql_where=text("chains IS NOT NULL")),
+        Index(
+            "ix_dtask_runs_concurrency",
+            "client",
+            "concurrency_key",
+            "id",
+            postgresql_where=text("concurrency_key IS NOT NULL"),
+        ),
         Index(
             None,
             "finished_at",

@@ -5,14 +5,14 @@ that client, pending or waiting for the runs it was submitted after (see
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sqlalchemy import Connection, Row
 
-from dtask.db import counters, deps
+from dtask.db import concurrency, counters, deps
 from dtask.db.clients import check_rates, lock_client
 from dtask.db.database import Database, first_row, sql
 from dtask.db.run_reads import RunReads
@@ -32,7 +32,7 @@ _INSERT = (
     " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
     " execution_cap, client, priority, expected_children, created_at,"
     " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
-    " state, error, finished_at, awaits_pickup)"
+    " state, error, finished_at, awaits_pickup, concurrency_key, max_concurrent)"
     " SELECT CAST(:template AS text), {key}, {variables},"
     " CAST(:max_attempts AS integer), CAST(:queue AS text), CAST(:schedule AS text),"
     " CAST(:slot AS timestamptz), CAST(:execution_cap AS double precision),"
@@ -44,7 +44,7 @@ _INSERT = (
     " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
     " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END,"
-    " CAST(:awaits_pickup AS boolean)"
+    " CAST(:awaits_pickup AS boolean), {concurrency_key}, CAST(:max_concurrent AS integer)"
     "{source} WHERE {guard}"
     " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, trigger_key, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
@@ -53,6 +53,7 @@ _ONE = {
     "key": "CAST(:key AS text)",
     "variables": "CAST(:variables AS jsonb)",
     "expected": "CAST(:expected_children AS integer)",
+    "concurrency_key": "CAST(:concurrency_key AS text)",
     "source": "",
 }
 # a client's runs by trigger key: never another client's
@@ -71,8 +72,9 @@ INSERT_MANY = sql(
         key="i.key",
         variables="i.variables",
         expected="i.expected_children",
+        concurrency_key="i.concurrency_key",
         source=" FROM jsonb_to_recordset(CAST(:items AS jsonb))"
-        " AS i(key text, variables jsonb, expected_children integer)",
+        " AS i(key text, variables jsonb, expected_children integer, concurrency_key text)",
     )
 )
 # ...only while the client it is charged to is as the submitter last read it, unlimited: its
@@ -129,11 +131,31 @@ def _insert(conn: Connection, run: NewRun) -> Created | None:
     state, error = deps.initial_state(conn, run.after)
     if run.unmet is not None:
         state, error = RunState.FAILED, run.unmet
-    row = conn.execute(_INSERT_ALWAYS, params(run, state, error)).first()
+    row = conn.execute(_INSERT_ALWAYS, params(run, keyed(run, state), error)).first()
     if row is None:
         return None
     deps.insert(conn, int(row.id), run.after)
-    return Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
+    created = Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
+    return admitted(conn, [(run, created)])[0]
+
+
+def keyed(run: NewRun, state: RunState) -> RunState:
+    """A run with a concurrency key that could start is inserted waiting, for its key's
+    admission (``admitted``) to decide."""
+    return RunState.WAITING if run.concurrency_key and state is RunState.PENDING else state
+
+
+def admitted(conn: Connection, created: Sequence[tuple[NewRun, Created]]) -> list[Created]:
+    """The runs just inserted as their concurrency keys' admission leaves them: pending where
+    their key has room, else waiting (see :mod:`dtask.db.concurrency`). An older run it admits
+    instead (rare: one a concurrent settle held) is left pending, for the reaper to start."""
+    keys = [
+        (run.client, run.concurrency_key)
+        for run, made in created
+        if run.concurrency_key and made.state is RunState.WAITING
+    ]
+    started = set(concurrency.admit(conn, keys)) if keys else set()
+    return [replace(c, state=RunState.PENDING) if c.id in started else c for _, c in created]
 
 
 def key_conflict(key: str, run_id: int, differs: list[str]) -> KeyConflict:
@@ -192,7 +214,7 @@ class RunInserts(RunReads):
         none (a limited client's row stays locked until then)."""
         client, key, after = run.client, run.key, run.after
         unlimited = self._unlimited.get(client)
-        if unlimited is not None and not after and on is None:
+        if unlimited is not None and not after and on is None and not run.concurrency_key:
             created = self._insert_unlimited(run.charged_to(unlimited), unlimited)
             if created is not None:
                 return created

@@ -20,7 +20,7 @@ _RUN_COLUMNS = (
     "id, template, trigger_key, variables, state, created_at, finished_at, error, schedule, slot,"
     " client, priority, deadline, late, tier, notify_url, notify_state, notify_attempts,"
     " start_after, result,"
-    " notify_error, notified_at, split_slots"
+    " notify_error, notified_at, split_slots, concurrency_key, max_concurrent"
 )
 
 
@@ -239,6 +239,8 @@ def _status(
         after=tuple(upstreams[0]),
         waiting_for=tuple(upstreams[1]),
         slots=row.split_slots,
+        concurrency_key=row.concurrency_key,
+        max_concurrent=row.max_concurrent,
         notify=None
         if row.notify_url is None
         else {

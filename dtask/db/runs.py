@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dtask.db import deps, inline, statistics
+from dtask.db import concurrency, deps, inline, statistics
 from dtask.db.bulk import BulkInserts
 from dtask.db.children import Finished
 from dtask.db.database import lock_run, sql
@@ -311,7 +311,7 @@ class RunStore(BulkInserts):
                         f" (dtask rerun {upstream}), then this one"
                     )
                 self._set_run_state(conn, run_id, state)
-                return state
+                return self._record(conn, run_id).state  # its concurrency key may hold it
             kept = conn.execute(
                 sql("SELECT count(*) FROM dtask_children WHERE run_id = :id"), {"id": run_id}
             ).scalar_one()
@@ -490,7 +490,7 @@ class RunStore(BulkInserts):
             sql(
                 f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
                 " result = CAST(:result AS jsonb), updated_at = now()"
-                " WHERE id = :id AND state = ANY(:sources)"
+                " WHERE id = :id AND state = ANY(:sources) RETURNING client, concurrency_key"
             ),
             {
                 "id": run_id,
@@ -499,10 +499,18 @@ class RunStore(BulkInserts):
                 "result": result,
                 "sources": sources(state),
             },
-        )
-        if changed.rowcount != 1:
+        ).first()
+        if changed is None:
             return None
-        return deps.settle(conn, run_id, state) if state.finished else []
+        key = changed.concurrency_key and (changed.client, changed.concurrency_key)
+        if state.finished:
+            return deps.settle(conn, run_id, state, key or None)
+        if state is RunState.PENDING and key:  # a rerun: its key admits it, or it waits
+            conn.execute(
+                sql("UPDATE dtask_runs SET state = 'waiting' WHERE id = :id"), {"id": run_id}
+            )
+            return concurrency.admit(conn, [key])
+        return []
 
     @staticmethod
     def _failure_summary(conn: Connection, run_id: int) -> str:

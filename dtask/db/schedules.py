@@ -404,11 +404,11 @@ def _insert_slot(
     for its upstream slot's run, or failed by it), or found existing; its id."""
     run = _after_upstream_slot(conn, planned, after_schedule)
     run_id = insert_run(conn, run)
-    if run_id is not None and (run.after or run.unmet):
+    if run_id is not None and (run.after or run.unmet or run.concurrency_key):
         state = conn.execute(
             text("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
         ).scalar_one()
-        held = state != "pending"  # waiting for its upstream, or failed by it
+        held = state != "pending"  # waiting for its upstream or key, or failed by it
         (fired.held if held else fired.created).append((run_id, run))
     elif run_id is not None:
         fired.created.append((run_id, run))

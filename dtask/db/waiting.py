@@ -10,11 +10,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from dtask.db.concurrency import holding
 from dtask.db.database import Database, sql
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
-from dtask.domain.waiting import SHOWN, Facts, Upstream, Worker
+from dtask.domain.waiting import SHOWN, Facts, KeyFacts, Upstream, Worker
 from dtask.exceptions import RunNotFound
 
 
@@ -29,7 +30,7 @@ class WaitingReads:
             run = conn.execute(
                 sql(
                     "SELECT id, state, template, queue, client, priority, start_after, unsent,"
-                    " now() AS now FROM dtask_runs WHERE id = :id"
+                    " concurrency_key, max_concurrent, now() AS now FROM dtask_runs WHERE id = :id"
                 ),
                 {"id": run_id},
             ).first()
@@ -50,7 +51,8 @@ class WaitingReads:
                 workers=[Worker(w.name, w.queues, w.slots, w.busy, w.templates) for w in workers],
             )
             if state is RunState.WAITING:
-                return _with(facts, upstreams=_upstreams(conn, run_id)), workers
+                key = run.concurrency_key and _key(conn, run)
+                return replace(facts, upstreams=_upstreams(conn, run_id), key=key), workers
             if state not in (RunState.PENDING, RunState.RUNNING):
                 return facts, workers
             left = conn.execute(
@@ -88,7 +90,7 @@ class WaitingReads:
                 sql("SELECT max_running FROM dtask_clients WHERE name = :c"), {"c": run.client}
             ).scalar()
             return (
-                _with(
+                replace(
                     facts,
                     running=left.running,
                     queued=left.queued,
@@ -102,8 +104,16 @@ class WaitingReads:
             )
 
 
-def _with(facts: Facts, **changes: Any) -> Facts:
-    return replace(facts, **changes)
+def _key(conn: Connection, run: Any) -> KeyFacts:
+    unfinished, holders = holding(conn, (run.client, run.concurrency_key))
+    ahead = conn.execute(
+        sql(
+            "SELECT count(*) FROM dtask_runs WHERE client = :client AND concurrency_key = :key"
+            " AND state = 'waiting' AND id < :id"
+        ),
+        {"client": run.client, "key": run.concurrency_key, "id": run.id},
+    ).scalar_one()
+    return KeyFacts(run.concurrency_key, run.max_concurrent, unfinished, holders, ahead)
 
 
 def _upstreams(conn: Connection, run_id: int) -> list[Upstream]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from dtask.domain.clients import DEFAULT_CLIENT, Client
+from dtask.domain.concurrency import run_limit
 from dtask.domain.runs import NewRun
 from dtask.domain.schedules import Schedule, iso, trigger_key
 from dtask.domain.templates import registry
@@ -23,6 +24,7 @@ def slot_runs(schedule: Schedule, slots: Sequence[datetime], max_children: int) 
     variables = tpl.validate(schedule.variables)
     tpl.precheck(variables, max_children)
     timing = schedule.timing
+    limit = run_limit(tpl.options.concurrency, variables, f"schedule {schedule.name!r}")
     return [
         NewRun(
             template=tpl.name,
@@ -36,6 +38,7 @@ def slot_runs(schedule: Schedule, slots: Sequence[datetime], max_children: int) 
             delay_tolerance=timing.delay_tolerance or tpl.options.delay_tolerance,
             on_late=timing.on_late or tpl.options.on_late,
             tier=tpl.options.tier,
+            **limit,
         ).charged_to(Client(DEFAULT_CLIENT))
         for slot in slots
     ]

@@ -131,6 +131,8 @@ class RunStatus:
     after: tuple[int, ...] = ()  # the runs it was submitted after (its upstreams)
     waiting_for: tuple[int, ...] = ()  # those of them not finished yet
     slots: int | None = None  # the live slots a split by capacity saw (parts="slots")
+    concurrency_key: str | None = None  # its rendered key, and how many unfinished runs of
+    max_concurrent: int | None = None  # its client may share it
 
     @property
     def finished(self) -> bool:
@@ -160,6 +162,8 @@ class RunStatus:
             "after": list(self.after),
             "waiting_for": list(self.waiting_for),
             "slots": self.slots,
+            "concurrency_key": self.concurrency_key,
+            "max_concurrent": self.max_concurrent,
         }
 
 
@@ -247,6 +251,8 @@ class NewRun:
     after: tuple[int, ...] = ()  # upstream runs: it waits for them to succeed
     unmet: str | None = None  # why it fails at once (a schedule's upstream slot never ran)
     awaits_pickup: bool = False  # its master is sent by a pickup (dtask.pickup), not its own
+    concurrency_key: str | None = None  # rendered: at most max_concurrent unfinished runs of
+    max_concurrent: int | None = None  # its client share it (dtask.domain.concurrency)
 
     def charged_to(self, client: Client) -> NewRun:
         """This run as ``client`` gets it: its tier (as asked, else the client's; capped at

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from dtask.domain.bulk import Submitted
 from dtask.domain.clients import Tier, tier_of
+from dtask.domain.concurrency import Concurrency, check_concurrency
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
 from dtask.domain.limits import MAX_ATTEMPTS, check_seconds, check_whole
 from dtask.domain.params import Param, as_param
+from dtask.domain.placeholders import placeholders, render
 from dtask.domain.results import Reduce
 from dtask.domain.schedules import CATCH_UP_WINDOW, GRACE, When
 from dtask.domain.splitting import (
@@ -49,45 +51,7 @@ if TYPE_CHECKING:
 JSON = Any
 ChildFunction = Callable[..., Any]  # may return a small JSON value: the child's result
 
-_PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
-_WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,99}$")
-
-
-def placeholders(skeleton: JSON) -> set[str]:
-    """Every ``${name}`` used anywhere in the skeleton (keys and values)."""
-    found: set[str] = set()
-    for text in _strings(skeleton):
-        found.update(m.group(1) for m in _PLACEHOLDER.finditer(text) if m.group(1))
-    return found
-
-
-def _strings(node: JSON) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, Mapping):
-        for key, value in node.items():
-            yield str(key)
-            yield from _strings(value)
-    elif isinstance(node, list | tuple):
-        for item in node:
-            yield from _strings(item)
-
-
-def render(skeleton: JSON, variables: Mapping[str, Any]) -> JSON:
-    """Fill placeholders. A string that is exactly ``${name}`` takes the value with its type."""
-    if isinstance(skeleton, str):
-        whole = _WHOLE_PLACEHOLDER.match(skeleton)
-        if whole:
-            return variables[whole.group(1)]
-        return _PLACEHOLDER.sub(
-            lambda m: "$" if m.group(1) is None else str(variables[m.group(1)]), skeleton
-        )
-    if isinstance(skeleton, Mapping):
-        return {render(k, variables): render(v, variables) for k, v in skeleton.items()}
-    if isinstance(skeleton, list | tuple):
-        return [render(item, variables) for item in skeleton]
-    return skeleton
 
 
 def check_execution_cap(value: object, where: str) -> float | None:
@@ -111,6 +75,8 @@ class RunOptions(TypedDict, total=False):
     eta: datetime | None  # when it may start (naive: UTC); not with countdown
     queue: str | None  # its children's queue; overrides the template's
     after: Iterable[int | str | RunHandle] | None  # runs (ids, trigger keys) it waits for
+    concurrency_key: str | None  # "${customer}": runs of one key beyond max_concurrent wait
+    max_concurrent: int | None  # unfinished runs per concurrency key (default 1)
 
 
 @dataclass(frozen=True)
@@ -126,6 +92,7 @@ class TemplateOptions:
     stealable: bool = True  # a range child may give its rest's second half away (elastic.md)
     retry_on: tuple[type[BaseException], ...] | None = None  # None: every exception retries
     dont_retry_on: tuple[type[BaseException], ...] = ()
+    concurrency: Concurrency | None = None  # at most so many unfinished runs per key
 
     def retries(self, exc: BaseException) -> bool:
         """Whether a child's failed attempt with ``exc`` is tried again (attempts left): never
@@ -545,11 +512,16 @@ def template(
     stealable: bool = True,
     retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     dont_retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    concurrency_key: str | None = None,
+    max_concurrent: int | None = None,
 ) -> Callable[[ChildFunction], Template]:
     """Register the decorated child function as a template (see README). ``reduce``, if
     given, receives the list of the children's return values in index order when the run
     succeeds; what it returns (JSON) is the run's result. ``stealable=False``: a running
-    child of a ``RangeSplit`` never gives work away to a new child (docs/elastic.md)."""
+    child of a ``RangeSplit`` never gives work away to a new child (docs/elastic.md).
+    ``concurrency_key`` (placeholders of the parameters, such as ``"${customer}"``): at most
+    ``max_concurrent`` (default 1) unfinished runs of a client share a key; the others wait
+    and start in submit order (docs/concurrency.md)."""
 
     def register(fn: ChildFunction) -> Template:
         return registry.add(
@@ -571,6 +543,13 @@ def template(
                     stealable=bool(stealable),
                     retry_on=None if retry_on is None else _exceptions(retry_on, "retry_on", name),
                     dont_retry_on=_exceptions(dont_retry_on, "dont_retry_on", name),
+                    concurrency=check_concurrency(
+                        concurrency_key,
+                        max_concurrent,
+                        f"template {name!r}",
+                        set(params or {}),
+                        TemplateDefinitionError,
+                    ),
                 ),
                 reduce=reduce,
             )

@@ -20,6 +20,7 @@ from dtask.domain.runs import RunState
 
 class Reason(StrEnum):
     UPSTREAM = "upstream"  # waits for runs it was submitted after
+    CONCURRENCY_KEY = "concurrency_key"  # its key's limit of unfinished runs is reached
     START_AFTER = "start_after"  # a countdown or eta not reached
     NO_WORKER = "no_worker"  # no live worker at all
     NO_QUEUE_WORKER = "no_queue_worker"  # none consumes the run's queue
@@ -88,6 +89,19 @@ class Facts:
     higher: int = 0  # children of higher priority in its queue, not yet taken
     others: int = 0  # other runs with children not yet taken in its queue
     queue_running: int = 0  # children running in its queue
+    key: KeyFacts | None = None  # its concurrency key, where it has one
+
+
+@dataclass(frozen=True)
+class KeyFacts:
+    """A run's concurrency key: its limit, the key's unfinished runs (the first SHOWN of them
+    named), and how many of its waiting runs are ahead of this one."""
+
+    name: str
+    most: int
+    unfinished: int
+    holders: Sequence[int]
+    ahead: int
 
 
 WAITS = frozenset((RunState.WAITING, RunState.PENDING, RunState.RUNNING))
@@ -100,7 +114,9 @@ def explain(f: Facts) -> Waiting | None:
     if f.state not in WAITS:
         return None
     if f.state is RunState.WAITING:
-        return _upstreams(f.upstreams)
+        if f.upstreams or f.key is None:
+            return _upstreams(f.upstreams)
+        return _key(f.key, f.client)
     if f.start_after is not None and f.start_after > f.now:
         seconds = (f.start_after - f.now).total_seconds()
         return Waiting(
@@ -161,6 +177,21 @@ def _upstreams(upstreams: Sequence[Upstream]) -> Waiting:
     more = len(upstreams) - len(shown)
     listed = ", ".join(shown) + (f" and {more:,} more" if more > 0 else "")
     return Waiting(Reason.UPSTREAM, f"waits for run{'s' if len(upstreams) > 1 else ''} {listed}")
+
+
+def _key(key: KeyFacts, client: str) -> Waiting:
+    runs = ", ".join(str(i) for i in key.holders)
+    more = key.unfinished - len(key.holders)
+    held = f" (run{'s' if key.unfinished > 1 else ''} {runs}" + (
+        f" and {more:,} more)" if more > 0 else ")"
+    )
+    ahead = f"; {key.ahead:,} of its runs wait ahead of this one" if key.ahead else ""
+    return Waiting(
+        Reason.CONCURRENCY_KEY,
+        f"concurrency key {key.name!r} of client {client} is at max_concurrent {key.most:,}:"
+        f" {key.unfinished:,} unfinished{held if key.holders else ''}{ahead}; it starts when"
+        " one finishes",
+    )
 
 
 def _upstream(u: Upstream) -> str:

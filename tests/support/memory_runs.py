@@ -69,6 +69,8 @@ class MemoryRuns:
         return run_id
 
     def create(self, run: NewRun) -> tuple[int, bool]:
+        if run.concurrency_key:  # its admission is PostgreSQL's (tests/acceptance)
+            raise NotImplementedError("the memory store has no concurrency keys")
         with self.t.lock:
             existing = self._by_key(run.client, run.key)
             if existing is None:

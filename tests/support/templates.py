@@ -576,3 +576,24 @@ def chatty(
         raise RuntimeError(f"attempt {ctx.attempt} of child {a} fails on purpose")
     print(f"child {a} attempt {ctx.attempt} ends")
     return a
+
+
+@dtask.template(
+    "per_customer",
+    params={"customer": str, "n": int, "hold": str},
+    skeleton={"start": 1, "end": "${n}", "hold": "${hold}"},
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("hold",)),
+    concurrency_key="export:${customer}",
+    max_concurrent=1,
+)
+def per_customer(ctx: dtask.ChildContext, a: int, b: int, hold: str) -> None:
+    """Runs of one customer one at a time; each child writes its numbers, then waits while
+    DTASK_TEST_SINK/<hold> exists (an empty ``hold``: none)."""
+    import time
+
+    gate = Path(os.environ["DTASK_TEST_SINK"]) / hold if hold else None
+    with _sink(ctx).open("a") as out:
+        for i in ctx.resume(range(a, b + 1)):
+            out.write(f"{i}\n")
+    while gate is not None and gate.exists() and not ctx.should_stop():
+        time.sleep(0.05)

@@ -109,7 +109,8 @@ def test_status_json_has_the_documented_shape() -> None:
     assert list(data) == [
         "id", "template", "key", "state", "variables", "children", "created_at", "finished_at",
         "error", "schedule", "slot", "client", "priority", "deadline", "start_after", "result",
-        "late", "tier", "notify", "after", "waiting_for", "slots",
+        "late", "tier", "notify", "after", "waiting_for", "slots", "concurrency_key",
+        "max_concurrent",
     ]  # fmt: skip
     assert data["children"] == {
         "total": 3, "pending": 0, "running": 1, "succeeded": 2, "failed": 0,

@@ -11,7 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dtask.domain.runs import RunState
-from dtask.domain.waiting import Facts, Reason, Upstream, Worker, duration, explain, waiting_json
+from dtask.domain.waiting import (
+    Facts,
+    KeyFacts,
+    Reason,
+    Upstream,
+    Worker,
+    duration,
+    explain,
+    waiting_json,
+)
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
 W1 = Worker("w1", ("dtask",), 4, 0, ("squares", "cubes"))
@@ -41,6 +50,20 @@ def test_upstreams_are_named_with_their_progress_and_the_rest_counted() -> None:
     many = [Upstream(i, RunState.PENDING, 0, 0) for i in range(1, 9)]
     found = explain(replace(RUNNING, state=RunState.WAITING, upstreams=many))
     assert found is not None and found.text.endswith("5 (pending) and 3 more")
+
+
+def test_a_concurrency_key_names_its_limit_its_holders_and_the_runs_ahead() -> None:
+    key = KeyFacts("export:acme", 2, 7, (3, 4, 5, 6, 8), 1)
+    found = explain(replace(RUNNING, state=RunState.WAITING, key=key))
+    assert found is not None and found.reason is Reason.CONCURRENCY_KEY
+    assert found.text == (
+        "concurrency key 'export:acme' of client acme is at max_concurrent 2: 7 unfinished"
+        " (runs 3, 4, 5, 6, 8 and 2 more); 1 of its runs wait ahead of this one; it starts"
+        " when one finishes"
+    )
+    ups = [Upstream(812, RunState.RUNNING, 40, 100)]  # its upstreams come first
+    found = explain(replace(RUNNING, state=RunState.WAITING, key=key, upstreams=ups))
+    assert found is not None and found.reason is Reason.UPSTREAM
 
 
 def test_a_start_in_the_future_comes_before_the_workers() -> None:
