@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dtask.domain.async_context import AsyncChildContext
 from dtask.domain.bulk import Outcome, Submitted
 from dtask.domain.clients import Client, Rate, Tier
 from dtask.domain.context import ChildContext
@@ -166,6 +167,7 @@ class _Client:
 use_launcher(_Client())
 
 __all__ = [
+    "AsyncChildContext",
     "BrokerUnavailable",
     "Busy",
     "ChildContext",

@@ -7,6 +7,7 @@ above the domain.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -186,6 +187,11 @@ class Template:
             raise TemplateDefinitionError(
                 f"template {self.name!r}: skeleton is not JSON: {exc}"
             ) from None
+
+    @property
+    def is_async(self) -> bool:
+        """Its child function is ``async def`` (dtask/worker/coroutines.py runs it)."""
+        return inspect.iscoroutinefunction(self.function)
 
     def validate(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """Checked variables with defaults filled in; raise InvalidVariables naming the problem."""
