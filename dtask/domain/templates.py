@@ -320,6 +320,14 @@ class Template:
             return self.submit(variables, after=after)
         return self.submit(variables)
 
+    async def adelay(self, **variables: Any) -> RunHandle:
+        """``delay`` for asyncio code (an ASGI app): ``await template.adelay(n=10)``, without
+        blocking the event loop (``dtask.asubmit``)."""
+        options: RunOptions = {}
+        if "after" in variables and "after" not in self.params:
+            options["after"] = variables.pop("after")
+        return await launcher().asubmit(self.name, variables, key=None, **options)
+
     def apply_async(
         self,
         args: tuple[Any, ...] | list[Any] | None = None,
@@ -417,6 +425,15 @@ class Launcher(Protocol):
     """What a template needs from the layer that triggers runs (installed by ``dtask``)."""
 
     def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        **options: Unpack[RunOptions],
+    ) -> RunHandle: ...
+
+    async def asubmit(
         self,
         template: str,
         variables: dict[str, Any],
