@@ -11,6 +11,7 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
+from dtask.domain.async_context import AsyncChildContext
 from dtask.domain.bulk import Outcome, Submitted
 from dtask.domain.clients import Client, Rate, Tier
 from dtask.domain.context import ChildContext
@@ -65,6 +66,7 @@ from dtask.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from dtask.client.aio import asubmit
     from dtask.client.bulk import submit_many
     from dtask.client.clients import get_client, list_clients, remove_client, set_client
     from dtask.client.runs import Run, get_run, submit
@@ -81,6 +83,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "init_app": "dtask.worker.adopt",
+    "asubmit": "dtask.client.aio",
     "get_client": "dtask.client.clients",
     "list_clients": "dtask.client.clients",
     "remove_client": "dtask.client.clients",
@@ -122,6 +125,18 @@ class _Client:
         from dtask.client.runs import submit
 
         return submit(template, variables, key=key, **options)
+
+    async def asubmit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        **options: Unpack[RunOptions],
+    ) -> Run:
+        from dtask.client.aio import asubmit
+
+        return await asubmit(template, variables, key, **options)
 
     def submit_many(
         self,
@@ -167,6 +182,7 @@ class _Client:
 use_launcher(_Client())
 
 __all__ = [
+    "AsyncChildContext",
     "BrokerUnavailable",
     "Busy",
     "ChildContext",
@@ -229,6 +245,7 @@ __all__ = [
     "UpstreamNotFound",
     "WaitTimeout",
     "add_schedule",
+    "asubmit",
     "backfill_schedule",
     "get_client",
     "get_run",

@@ -14,6 +14,7 @@ from typing import Any, Unpack
 
 from dtask import services
 from dtask.client import backlog
+from dtask.client.awaiting import AsyncWaits, result_of
 from dtask.client.transactions import written_on
 from dtask.client.waiting import why
 from dtask.db import Store
@@ -39,8 +40,6 @@ from dtask.exceptions import (
     InvalidVariables,
     NotCancellable,
     NothingToRerun,
-    RunCancelled,
-    RunFailed,
     RunNotFound,
     TemplateDefinitionError,
     WaitTimeout,
@@ -50,8 +49,9 @@ from dtask.settings import Settings, is_redis
 log = logging.getLogger("dtask.client")
 
 
-class Run:
-    """A handle on one master run. PostgreSQL answers every question about it."""
+class Run(AsyncWaits):
+    """A handle on one master run. PostgreSQL answers every question about it (``aget``:
+    dtask/client/awaiting.py)."""
 
     def __init__(self, run_id: int, *, created: bool = True) -> None:
         self.id = run_id
@@ -88,12 +88,7 @@ class Run:
         """Wait for the run and return its result (its template's ``reduce`` of the children's
         return values; None without one), or raise RunFailed (RunCancelled) with its error, as
         ``AsyncResult.get`` does; WaitTimeout after ``timeout`` seconds."""
-        status = self.wait(timeout)
-        if status.state is RunState.CANCELLED:
-            raise RunCancelled(f"run {self.id} was cancelled")
-        if status.state is RunState.FAILED:
-            raise RunFailed(f"run {self.id} failed: {status.error}")
-        return status.result
+        return result_of(self.wait(timeout))
 
     def revoke(self) -> None:
         """Celery's name for cancel; a finished run is left as it is (as revoking a finished

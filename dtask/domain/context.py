@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from itertools import islice
 from typing import Any, TypeVar
 
@@ -18,6 +19,14 @@ from dtask.exceptions import ChildStopped, InvalidCheckpoint, LeaseLost
 T = TypeVar("T")
 
 CheckpointWriter = Callable[[Any], "bool | None"]  # True: asked to give work away
+
+
+class Step(Enum):
+    """What ``resume``'s next step is (``ChildContext.steps``)."""
+
+    ITEM = "item"
+    WRITE = "write"
+    CUT = "cut"
 
 
 @dataclass
@@ -194,9 +203,24 @@ class ChildContext:
 
         The iterable must yield the same items in the same order on every attempt.
         """
+        for step, value in self.steps(items, checkpoint_every, checkpoint_interval):
+            if step is Step.ITEM:
+                yield value
+            elif step is Step.WRITE:
+                self.checkpoint(value)  # raises ChildStopped when asked to stop
+            else:
+                self.cut_at(value)
+
+    def steps(
+        self, items: Iterable[T], every: int | None, interval: float | None
+    ) -> Iterator[tuple[Step, Any]]:
+        """``resume`` as steps its driver takes (the sync one here, the async one in
+        dtask/domain/async_context.py): an item to hand out, a checkpoint to write (a WRITE
+        asked because the child must stop is followed by nothing: it raises), or a cut of
+        the range at ``done`` after a checkpoint at which the dispatcher asked for work."""
         done = self._resume_offset()
-        every = checkpoint_every or self._every
-        interval = self._interval if checkpoint_interval is None else checkpoint_interval
+        every = every or self._every
+        interval = self._interval if interval is None else interval
         remaining: Iterable[Any] = (
             items[done:] if isinstance(items, range) else islice(items, done, None)
         )
@@ -209,17 +233,22 @@ class ChildContext:
             if self._lease_lost():
                 raise LeaseLost(f"run {self.run_id} child {self.index} was taken over elsewhere")
             if self._stop_requested():
-                self.checkpoint(self._progress(done))  # commits, then raises ChildStopped
-            yield item
+                yield Step.WRITE, self._progress(done)  # commits, then raises ChildStopped
+            yield Step.ITEM, item
             done += 1
             since_write += 1
             self._unsaved = done
             if since_write >= every or time.monotonic() - last_write >= interval:
-                self.checkpoint(self._progress(done))
+                yield Step.WRITE, self._progress(done)
                 since_write = 0
                 last_write = time.monotonic()
                 if self._asked and cuts is not None:
-                    self._cut(cuts, done)
+                    yield Step.CUT, done
+
+    def cut_at(self, done: int) -> None:
+        """A step's CUT: give the second half of what is not done away (a write)."""
+        if self._stealable is not None:
+            self._cut(self._stealable, done)
 
     def _cuts(self, items: Iterable[Any]) -> Stealable | None:
         """The child's range, where ``items`` is exactly it (``range(a, b + 1)``): only then

@@ -7,6 +7,7 @@ above the domain.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -154,6 +155,11 @@ class Template:
                 f"template {self.name!r}: skeleton is not JSON: {exc}"
             ) from None
 
+    @property
+    def is_async(self) -> bool:
+        """Its child function is ``async def`` (dtask/worker/coroutines.py runs it)."""
+        return inspect.iscoroutinefunction(self.function)
+
     def validate(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """Checked variables with defaults filled in; raise InvalidVariables naming the problem."""
         extra = sorted(set(variables) - set(self.params))
@@ -281,6 +287,14 @@ class Template:
             return self.submit(variables, after=after)
         return self.submit(variables)
 
+    async def adelay(self, **variables: Any) -> RunHandle:
+        """``delay`` for asyncio code (an ASGI app): ``await template.adelay(n=10)``, without
+        blocking the event loop (``dtask.asubmit``)."""
+        options: RunOptions = {}
+        if "after" in variables and "after" not in self.params:
+            options["after"] = variables.pop("after")
+        return await launcher().asubmit(self.name, variables, key=None, **options)
+
     def apply_async(
         self,
         args: tuple[Any, ...] | list[Any] | None = None,
@@ -378,6 +392,15 @@ class Launcher(Protocol):
     """What a template needs from the layer that triggers runs (installed by ``dtask``)."""
 
     def submit(
+        self,
+        template: str,
+        variables: dict[str, Any],
+        *,
+        key: str | None,
+        **options: Unpack[RunOptions],
+    ) -> RunHandle: ...
+
+    async def asubmit(
         self,
         template: str,
         variables: dict[str, Any],

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from celery.exceptions import Ignore
 
 from dtask.db import Claim, Finished
+from dtask.domain.async_context import AsyncChildContext
 from dtask.domain.context import ChildContext, Stealable
 from dtask.domain.results import encode_result
 from dtask.domain.runs import ChildState, RunState
@@ -30,7 +31,7 @@ from dtask.exceptions import (
     LeaseLost,
 )
 from dtask.settings import Settings
-from dtask.worker import drain, links, runaway, steals
+from dtask.worker import coroutines, drain, links, runaway, steals
 from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_if_last
@@ -144,12 +145,28 @@ class Attempt:
             echo=self.printed.add,
         )
         if not runaway.in_pool_process():
-            return self.template.function(self.context, **claim.spec)
+            return self._function()
         with (
             contextlib.redirect_stdout(self.printed.stream(sys.stdout)),
             contextlib.redirect_stderr(self.printed.stream(sys.stderr)),
         ):
-            return self.template.function(self.context, **claim.spec)
+            return self._function()
+
+    def _function(self) -> Any:
+        function, spec = self.template.function, self.claim.spec
+        if not self.template.is_async:
+            return function(self.context, **spec)
+        return coroutines.run(function(AsyncChildContext(self.context), **spec), self._let_go)
+
+    def _let_go(self) -> BaseException | None:
+        """Why an async child's task is cancelled now, if it is: what its sync twin's next
+        step would raise."""
+        what = f"run {self.delivery.run_id} child {self.delivery.index}"
+        if self.beat.lease_lost():
+            return LeaseLost(f"{what} was taken over elsewhere")
+        if self.context.should_stop():
+            return ChildStopped(f"{what} was stopped while it awaited")
+        return None
 
     def _write(self, write: Callable[[], T]) -> T:
         """A write under our fence; it renews the lease when it succeeds. Given up on once

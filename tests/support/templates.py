@@ -597,3 +597,59 @@ def per_customer(ctx: dtask.ChildContext, a: int, b: int, hold: str) -> None:
             out.write(f"{i}\n")
     while gate is not None and gate.exists() and not ctx.should_stop():
         time.sleep(0.05)
+
+
+def _async_sink(ctx: dtask.AsyncChildContext) -> Path:
+    return Path(os.environ["DTASK_TEST_SINK"]) / f"{ctx.run_id}-{ctx.index}.txt"
+
+
+@dtask.template(
+    "async_range",
+    stealable=False,  # its tests check each child's own numbers
+    params={"n": int, "delay": float, "hold": str},
+    skeleton={"start": 1, "end": "${n}", "delay": "${delay}", "hold": "${hold}"},
+    split=dtask.RangeSplit("start", "end", chunk=20, carry=("delay", "hold")),
+    checkpoint_every=5,
+    checkpoint_interval=3600,
+    reduce=sum,
+)
+async def async_range(ctx: dtask.AsyncChildContext, a: int, b: int, delay: float, hold: str) -> int:
+    """held_range as an ``async def`` child: from its 6th item on it awaits while
+    DTASK_TEST_SINK/<hold> exists, never asking ctx whether to stop (a hand-over cancels the
+    await). Each attempt writes ``attempt N from DONE pid PID`` first; returns its sum."""
+    import asyncio
+
+    gate = Path(os.environ["DTASK_TEST_SINK"]) / hold
+    done = (ctx.checkpoint_state or {"done": 0})["done"]
+    total = 0
+    with _async_sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt} from {done} pid {os.getpid()}\n")
+        out.flush()
+        async for i in ctx.resume(range(a, b + 1)):
+            await asyncio.sleep(delay)
+            out.write(f"{i}\n")
+            out.flush()
+            total += i
+            while i - a >= 5 and gate.exists():
+                await asyncio.sleep(0.05)
+    return total + sum(range(a, a + done))
+
+
+@dtask.template("async_hangs_capped", execution_cap=2, **_HANG)  # type: ignore[arg-type]
+async def async_hangs_capped(
+    ctx: dtask.AsyncChildContext, a: int, b: int, hang_at: int, how: str
+) -> None:
+    """An ``async def`` child that checkpoints each item with ``await ctx.checkpoint`` and,
+    at ``hang_at``, awaits for an hour without asking ctx anything: its cap (2 s) cancels it."""
+    import asyncio
+
+    done = (ctx.checkpoint_state or {"done": 0})["done"]
+    with _async_sink(ctx).open("a") as out:
+        out.write(f"attempt {ctx.attempt} from {done} pid {os.getpid()}\n")
+        out.flush()
+        for i in range(a + done, b + 1):
+            if i == hang_at:
+                await asyncio.sleep(3600)
+            out.write(f"{i}\n")
+            out.flush()
+            await ctx.checkpoint({"done": i - a + 1})
