@@ -247,6 +247,7 @@ class NewRun:
     after: tuple[int, ...] = ()  # upstream runs: it waits for them to succeed
     unmet: str | None = None  # why it fails at once (a schedule's upstream slot never ran)
     awaits_pickup: bool = False  # its master is sent by a pickup (dtask.pickup), not its own
+    trace_context: dict[str, str] | None = None  # its submit's span, as W3C headers (traces.md)
 
     def charged_to(self, client: Client) -> NewRun:
         """This run as ``client`` gets it: its tier (as asked, else the client's; capped at
