@@ -19,7 +19,7 @@ R = TypeVar("R")
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import propagate, trace
-    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, StatusCode
 except ImportError:  # dtask without [otel]: nothing to trace
     trace = None  # type: ignore[assignment]
 
@@ -61,8 +61,19 @@ def submit_span(function: Callable[P, R]) -> Callable[P, R]:
         shown = {"dtask.template": str(args[0] if args else kwargs.get("template"))}
         shown["dtask.client"] = str(kwargs.get("client") or "default")
         tracer = trace.get_tracer(NAME)
-        with tracer.start_as_current_span(SUBMIT, kind=SpanKind.PRODUCER, attributes=shown) as span:
-            run = function(*args, **kwargs)
+        with tracer.start_as_current_span(
+            SUBMIT,
+            kind=SpanKind.PRODUCER,
+            attributes=shown,
+            record_exception=False,  # its text may hold a variable's value
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                run = function(*args, **kwargs)
+            except BaseException as exc:
+                span.set_attribute("dtask.raised", type(exc).__name__)
+                span.set_status(StatusCode.ERROR)
+                raise
             span.set_attribute("dtask.run.id", int(getattr(run, "id", 0)))
             span.set_attribute("dtask.run.created", bool(getattr(run, "created", True)))
             return run

@@ -106,6 +106,20 @@ def test_with_an_sdk_a_run_s_spans_continue_its_stored_context(
     assert [e.name for e in made.events] == ["dtask.checkpoint"]
 
 
+def test_a_refused_submit_s_span_names_the_error_never_its_text(
+    spans: InMemorySpanExporter,
+) -> None:
+    def refused(template: str, variables: dict[str, Any]) -> None:
+        raise ValueError(f"bad variables {variables}")
+
+    with pytest.raises(ValueError):
+        tracing.submit_span(refused)("t", {"password": "hunter2"})
+    (made,) = spans.get_finished_spans()
+    assert made.name == "dtask.submit" and not made.events
+    assert made.attributes is not None and made.attributes["dtask.raised"] == "ValueError"
+    assert "hunter2" not in str(made.to_json())
+
+
 def test_a_million_children_one_to_a_message_make_about_message_spans_spans() -> None:
     total = 1_000_000
     assert sum(traced([i], total) for i in range(total)) == MESSAGE_SPANS
