@@ -99,11 +99,14 @@ def test_one_trace_from_submit_to_finalize_across_worker_processes(
     spans = _of_trace(traces, trace_id, run.id)
     assert {s["pid"] for s in spans}.isdisjoint({os.getpid()})
 
-    master, finalize = _one(spans, "dtask.master"), _one(spans, "dtask.finalize")
+    master = _one(spans, "dtask.master")
     assert master["parent_id"] == submit["span_id"]
     assert master["attributes"]["dtask.run.state"] == "running"
-    assert finalize["parent_id"] == submit["span_id"]
-    assert finalize["attributes"] == {"dtask.run.id": run.id, "dtask.run.state": "succeeded"}
+    # one, unless two finalizers raced (two last messages at once): each then says so
+    finals = [s for s in spans if s["name"] == "dtask.finalize"]
+    for finalize in finals:
+        assert finalize["parent_id"] == submit["span_id"]
+        assert finalize["attributes"] == {"dtask.run.id": run.id, "dtask.run.state": "succeeded"}
 
     messages = [s for s in spans if s["name"] == "dtask.children"]
     assert messages and all(m["parent_id"] == submit["span_id"] for m in messages)
@@ -144,8 +147,10 @@ def test_a_submit_through_the_api_continues_its_traceparent(
     submit = _one(spans, "dtask.submit")
     assert submit["parent_id"] == parent
     assert submit["attributes"]["dtask.run.id"] == run_id
-    master, finalize = _one(spans, "dtask.master"), _one(spans, "dtask.finalize")
-    assert master["parent_id"] == finalize["parent_id"] == submit["span_id"]
+    master = _one(spans, "dtask.master")
+    finals = [s for s in spans if s["name"] == "dtask.finalize"]
+    assert master["parent_id"] == submit["span_id"]
+    assert finals and all(f["parent_id"] == submit["span_id"] for f in finals)
     assert master["pid"] != submit["pid"]  # the server's process, then a worker's
 
 
