@@ -122,7 +122,7 @@ class RunRow(Base):
     split_slots: Mapped[int | None] = mapped_column(Integer)
     # cancelled with --terminate: a running child that does not stop is killed (migration 0033)
     terminate: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
-    # its submit's trace context (W3C headers), where the submit was traced (migration 0036)
+    # its submit's trace context (W3C headers), where the submit was traced (migration 0037)
     trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -3,16 +3,16 @@
 `dtask_runs.trace_context`: `{"traceparent": ..., "tracestate": ...}` as OpenTelemetry's
 propagator wrote them where the submit was traced; NULL otherwise (then no worker traces it).
 
-Revision ID: 0036
-Revises: 0035
+Revision ID: 0037
+Revises: 0036
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0036"
-down_revision = "0035"
+revision = "0037"
+down_revision = "0036"
 branch_labels = None
 depends_on = None
 
