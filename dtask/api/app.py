@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from dtask import services
-from dtask.api import errors, metrics, runs, schedules
+from dtask.api import errors, metrics, runs, schedules, traces
 from dtask.api.auth import Admin, Caller
 
 PREFIX = "/api/v1"
@@ -80,6 +80,7 @@ def create_app() -> FastAPI:
     )
     errors.install(app)
     app.add_middleware(GZipMiddleware, minimum_size=2048)
+    app.add_middleware(traces.TraceContext)
 
     @app.middleware("http")
     async def page_headers(request: Request, call_next: Any) -> Response:

@@ -12,7 +12,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any, Unpack
 
-from dtask import services
+from dtask import services, tracing
 from dtask.client import backlog
 from dtask.client.awaiting import AsyncWaits, result_of
 from dtask.client.transactions import written_on
@@ -172,6 +172,7 @@ class Run(AsyncWaits):
 PROGRESS_COST = 20  # a progress count at most every 20x its own time (5 % of one core at most)
 
 
+@tracing.submit_span
 def submit(
     template: str,
     variables: dict[str, Any],
@@ -348,6 +349,7 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
         start_at=start_at,
         start_in=start_in,
         after=_upstreams(services.store(), options.get("after"), where, client),
+        trace_context=tracing.carrier(),
     )
     return Prepared(tpl, base, config, eager_mode, _concurrency(tpl, options, where))
 

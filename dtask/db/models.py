@@ -125,6 +125,8 @@ class RunRow(Base):
     # at most max_concurrent unfinished runs of a client per key (dtask.db.concurrency)
     concurrency_key: Mapped[str | None] = mapped_column(String(200))
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    # its submit's trace context (W3C headers), where the submit was traced (migration 0037)
+    trace_context: Mapped[dict[str, str] | None] = mapped_column(JSONB)
     schedule: Mapped[str | None] = mapped_column(String(100))
     slot: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     error: Mapped[str | None] = mapped_column(Text)

@@ -32,7 +32,8 @@ _INSERT = (
     " (template, trigger_key, variables, max_attempts, queue, schedule, slot,"
     " execution_cap, client, priority, expected_children, created_at,"
     " delay_tolerance, on_late, deadline, tier, notify_url, notify_state, start_after,"
-    " state, error, finished_at, awaits_pickup, concurrency_key, max_concurrent)"
+    " state, error, finished_at, awaits_pickup, concurrency_key, max_concurrent,"
+    " trace_context)"
     " SELECT CAST(:template AS text), {key}, {variables},"
     " CAST(:max_attempts AS integer), CAST(:queue AS text), CAST(:schedule AS text),"
     " CAST(:slot AS timestamptz), CAST(:execution_cap AS double precision),"
@@ -44,7 +45,8 @@ _INSERT = (
     " CASE WHEN CAST(:notify_url AS text) IS NULL THEN NULL ELSE 'waiting' END,"
     " " + _START + ", CAST(:state AS text), CAST(:error AS text),"
     " CASE WHEN CAST(:state AS text) = 'failed' THEN clock_timestamp() END,"
-    " CAST(:awaits_pickup AS boolean), {concurrency_key}, CAST(:max_concurrent AS integer)"
+    " CAST(:awaits_pickup AS boolean), {concurrency_key}, CAST(:max_concurrent AS integer),"
+    " CAST(:trace_context AS jsonb)"
     "{source} WHERE {guard}"
     " ON CONFLICT (client, trigger_key) DO NOTHING RETURNING id, trigger_key, state, priority,"
     " coalesce(greatest(extract(epoch FROM start_after - clock_timestamp()), 0), 0) AS starts_in"
@@ -116,6 +118,7 @@ def params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
         "tier": run.tier.value,
         "state": state.value,
         "error": error,
+        "trace_context": json.dumps(run.trace_context) if run.trace_context else None,
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Row
 
@@ -52,6 +52,14 @@ def child_results(conn: Connection, run_id: int) -> list[Any]:
         sql("SELECT result FROM dtask_children WHERE run_id = :id ORDER BY index"), {"id": run_id}
     )
     return [r.result for r in rows]
+
+
+class Traced(NamedTuple):
+    """A run as its trace needs it: its submit's context (W3C headers), children, template."""
+
+    context: dict[str, str] | None
+    children: int | None
+    template: str
 
 
 class RunReads:
@@ -148,6 +156,18 @@ class RunReads:
                 " that exist (see `dtask runs`)"
             )
         return found
+
+    def trace_of(self, run_id: int) -> Traced:
+        """The run's stored trace context (dtask/worker/traces.py), its children's count once
+        split, and its template."""
+        with self.db.tx() as conn:
+            row = conn.execute(
+                sql("SELECT trace_context, child_total, template FROM dtask_runs WHERE id = :id"),
+                {"id": run_id},
+            ).first()
+        if row is None:
+            return Traced(None, None, "")
+        return Traced(row.trace_context, row.child_total, row.template)
 
     def state_of(self, run_id: int) -> RunState:
         """The run's state alone: one row, whatever the number of its children."""

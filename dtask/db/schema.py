@@ -17,7 +17,7 @@ from dtask.db.engine import unreachable
 from dtask.exceptions import SchemaMismatch
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-HEAD = "0036"
+HEAD = "0037"
 VERSION_TABLE = "dtask_alembic_version"
 LEGACY_VERSION_TABLE = "alembic_version"
 MIGRATION_LOCK = 0x64746B4D  # serializes concurrent `upgrade head` calls from many processes

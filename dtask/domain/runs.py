@@ -254,6 +254,7 @@ class NewRun:
     awaits_pickup: bool = False  # its master is sent by a pickup (dtask.pickup), not its own
     concurrency_key: str | None = None  # rendered: at most max_concurrent unfinished runs of
     max_concurrent: int | None = None  # its client share it (dtask.domain.concurrency)
+    trace_context: dict[str, str] | None = None  # its submit's span, as W3C headers (traces.md)
 
     def charged_to(self, client: Client) -> NewRun:
         """This run as ``client`` gets it: its tier (as asked, else the client's; capped at

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from celery.exceptions import Ignore
 
+from dtask import tracing
 from dtask.db import Claim, Finished
 from dtask.domain.async_context import AsyncChildContext
 from dtask.domain.context import ChildContext, Stealable
@@ -131,8 +132,11 @@ class Attempt:
             template=self.delivery.template,
             attempt=claim.attempt,
             checkpoint_state=claim.checkpoint,
-            writer=lambda state: self._write(
-                lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
+            writer=tracing.checkpoints(
+                self.delivery.index,
+                lambda state: self._write(
+                    lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
+                ),
             ),
             stealable=self._stealable(),
             checkpoint_interval=options.checkpoint_interval or config.checkpoint_interval,

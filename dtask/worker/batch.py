@@ -27,7 +27,7 @@ from dtask.db.children import lease_lost
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
 from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
-from dtask.worker import drain, links
+from dtask.worker import drain, links, traces
 from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
 from dtask.worker.delivery import Delivery
 from dtask.worker.finalize import finalize_if_last
@@ -161,6 +161,7 @@ def _unclaim(claim: Claim) -> None:
 
 
 @dtask_task(CHILDREN)
+@traces.children
 def children(
     self: Task,
     run_id: int,

@@ -16,7 +16,7 @@ from dtask.db.runs import Reducer
 from dtask.domain.results import reduced
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
-from dtask.worker import chains
+from dtask.worker import chains, traces
 from dtask.worker.messages import LATE_PARTS_IGNORED, forget_chord, send_master, sweep_late_part
 from dtask.worker.task_table import CHILD
 
@@ -60,6 +60,7 @@ class LastChildStore(FinalizingStore, Protocol):
     def children(self) -> Unfinished: ...
 
 
+@traces.finalize
 def finalize_run(
     store: FinalizingStore,
     run_id: int,

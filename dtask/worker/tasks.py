@@ -30,7 +30,7 @@ from dtask.exceptions import (
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import chains, dispatcher, drain, task_table
+from dtask.worker import chains, dispatcher, drain, task_table, traces
 from dtask.worker.app import app
 from dtask.worker.child_store import owner_name
 from dtask.worker.delivery import Delivery
@@ -74,6 +74,7 @@ def template_wait(settings: Settings) -> float:
     return 4 * settings.stall_timeout
 
 
+@traces.master
 def run_master(
     store: Store,
     run_id: int,
@@ -297,6 +298,7 @@ class OwnMessage(Delivery):
 # track_started=False: a child's "running" lives in PostgreSQL (and Flower gets the
 # task-started event either way); Celery's STARTED result would cost 3 Redis commands per child.
 @dtask_task(CHILD)
+@traces.child
 def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     drain.arm()

@@ -26,9 +26,16 @@ class Reply:
     body: Any
 
 
-def call(base: str, method: str, path: str, token: str | None, body: Any = None) -> Reply:
+def call(
+    base: str,
+    method: str,
+    path: str,
+    token: str | None,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method)
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
     request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
