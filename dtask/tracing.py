@@ -9,9 +9,11 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
 
-from dtask.domain.traces import CHECKPOINT, SUBMIT
+from dtask.domain.runs import NewRun
+from dtask.domain.traces import CHECKPOINT, SLOT, SUBMIT
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -79,6 +81,33 @@ def submit_span(function: Callable[P, R]) -> Callable[P, R]:
             return run
 
     return traced
+
+
+def started(name: str, attributes: Attributes) -> dict[str, str] | None:
+    """A span ``name`` that ends at once, in the current trace (a new one where none is
+    current), as W3C headers: the parent of the work it starts elsewhere (a schedule's slot
+    fired by a beat or a backfill); None where nothing is traced."""
+    if not enabled():
+        return None
+    tracer = trace.get_tracer(NAME)
+    with tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=attributes):
+        return carrier()
+
+
+def slot_runs(runs: list[NewRun]) -> list[NewRun]:
+    """A schedule's slot runs, each with the context of a ``dtask.slot`` span of its own
+    (untouched where nothing is traced)."""
+    if not enabled():
+        return runs
+    return [
+        replace(
+            run,
+            trace_context=started(
+                SLOT, {"dtask.schedule": str(run.schedule), "dtask.slot": str(run.slot)}
+            ),
+        )
+        for run in runs
+    ]
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Unpack
 
-from dtask import services
+from dtask import services, tracing
 from dtask.db.schedules import ScheduleStore
 from dtask.domain.backfill import backfill_slots, slot_runs
 from dtask.domain.limits import check_whole
@@ -135,10 +135,12 @@ def backfill_schedule(
         if max_running is not None:
             out = _wait_for_room(out, max_running)
         # no deadline: a slot's delay tolerance counts from its slot, long past for a backfill
-        runs = [
-            replace(run, delay_tolerance=None)
-            for run in slot_runs(schedule, slots[at : at + step], settings.max_children)
-        ]
+        runs = tracing.slot_runs(
+            [
+                replace(run, delay_tolerance=None)
+                for run in slot_runs(schedule, slots[at : at + step], settings.max_children)
+            ]
+        )
         fired = _store().backfill(schedule.name, runs)
         for run_id, run in fired.created:
             _send(run_id, run)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -103,28 +104,7 @@ class DispatchPass:
         and unclaimed; the running), grouped by their runs' queue, client and template: a
         pass costs what is out, not the running runs (10,000 of them cost ~100 ms) nor their
         sizes (one scan of a 100,000-child run's rows took 72 ms)."""
-        rows = self.conn.execute(
-            sql(
-                "SELECT r.queue, r.client, r.template,"
-                " sum(c.queued)::int AS queued, sum(c.running)::int AS running"
-                " FROM (SELECT run_id, count(*) AS queued, 0 AS running FROM dtask_children"
-                "   WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
-                "  UNION ALL"
-                "  SELECT run_id, 0, count(*) FROM dtask_children"
-                "   WHERE state = 'running' AND lease_expires_at IS NOT NULL"  # its index
-                "   GROUP BY run_id) c,"
-                # each run's row by its key alone (LIMIT: not a hash of every run, as the
-                # planner would pick for a few hundred runs out; the state filtered after:
-                # with it inside, stale statistics made the planner walk the state index
-                # for every run out, 18 ms a pass at a thousand small runs)
-                " LATERAL (SELECT queue, client, template, state FROM dtask_runs"
-                "   WHERE id = c.run_id LIMIT 1) r"
-                # a cancelled run's running children hold their slots (and their client's
-                # cap) until their next checkpoint stops them; its queued ones will not run
-                " WHERE r.state = 'running' OR c.running > 0"
-                " GROUP BY r.queue, r.client, r.template"
-            )
-        ).all()
+        rows = out_rows(self.conn)
         queues: dict[str | None, Out] = {}
         clients: dict[str, int] = {}
         for r in rows:
@@ -171,6 +151,37 @@ class DispatchPass:
                 {"run": run_id},
             )
         return sorted((redispatch_from_row(r) for r in rows), key=lambda c: c.index)
+
+
+def out_rows(conn: Connection, client: str | None = None) -> list[Any]:
+    """What is out (children queued in the broker, children running), per queue, client and
+    template: what ``DispatchPass.out`` counts, of one ``client`` or of all."""
+    return list(
+        conn.execute(
+            sql(
+                "SELECT r.queue, r.client, r.template,"
+                " sum(c.queued)::int AS queued, sum(c.running)::int AS running"
+                " FROM (SELECT run_id, count(*) AS queued, 0 AS running FROM dtask_children"
+                "   WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
+                "  UNION ALL"
+                "  SELECT run_id, 0, count(*) FROM dtask_children"
+                "   WHERE state = 'running' AND lease_expires_at IS NOT NULL"  # its index
+                "   GROUP BY run_id) c,"
+                # each run's row by its key alone (LIMIT: not a hash of every run, as the
+                # planner would pick for a few hundred runs out; the state filtered after:
+                # with it inside, stale statistics made the planner walk the state index
+                # for every run out, 18 ms a pass at a thousand small runs)
+                " LATERAL (SELECT queue, client, template, state FROM dtask_runs"
+                "   WHERE id = c.run_id LIMIT 1) r"
+                # a cancelled run's running children hold their slots (and their client's
+                # cap) until their next checkpoint stops them; its queued ones will not run
+                " WHERE (r.state = 'running' OR c.running > 0)"
+                " AND (CAST(:client AS text) IS NULL OR r.client = :client)"
+                " GROUP BY r.queue, r.client, r.template"
+            ),
+            {"client": client},
+        ).all()
+    )
 
 
 HOLD = 8.0  # seconds a turn may sit idle unless told: DTASK_LEASE_TTL's default

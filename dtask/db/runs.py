@@ -281,6 +281,14 @@ class RunStore(BulkInserts):
             )
             return RunState.CANCELLED
 
+    def trace_under(self, run_id: int, headers: dict[str, str] | None) -> None:
+        """The run's work from now on is traced under ``headers`` (its master's span)."""
+        with self.db.owner() as conn:
+            conn.execute(
+                sql("UPDATE dtask_runs SET trace_context = CAST(:c AS jsonb) WHERE id = :id"),
+                {"id": run_id, "c": None if headers is None else json.dumps(headers)},
+            )
+
     def terminating(self, run_id: int) -> bool:
         """Whether the run was cancelled with ``terminate`` (asked by a child's heartbeat once
         it saw the run cancelled)."""

@@ -12,6 +12,7 @@ from sqlalchemy import Connection
 
 from dtask.db.concurrency import holding
 from dtask.db.database import Database, sql
+from dtask.db.dispatch import out_rows
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
@@ -142,16 +143,5 @@ def _upstreams(conn: Connection, run_id: int) -> list[Upstream]:
 
 def _client_out(conn: Connection, client: str) -> int:
     """The client's children running, or sent and not yet taken, as the dispatcher counts
-    them against its cap (``DispatchPass.out``)."""
-    return int(
-        conn.execute(
-            sql(
-                "SELECT count(*) FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                " WHERE r.client = :c AND ((c.state = 'running' AND c.lease_expires_at IS NOT"
-                " NULL) OR (c.state = 'pending' AND c.sent_at IS NOT NULL"
-                " AND r.state = 'running'))"
-            ),
-            {"c": client},
-        ).scalar()
-        or 0
-    )
+    them against its cap."""
+    return sum(r.queued + r.running for r in out_rows(conn, client))

@@ -18,6 +18,7 @@ SUBMIT, MASTER, CHILDREN, FINALIZE = (
     "dtask.finalize",
 )
 CHECKPOINT = "dtask.checkpoint"
+SLOT = "dtask.slot"  # a schedule's slot fired (by a beat or a backfill): its run's parent
 
 
 def stride(total: int | None, most: int = MESSAGE_SPANS) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from dtask import services
+from dtask import services, tracing
 from dtask.db.schedules import Firing
 from dtask.domain.backfill import slot_runs
 from dtask.domain.runs import NewRun
@@ -115,7 +115,9 @@ def _failed(schedule: Schedule, error: str) -> Firing:
 
 
 def _runs(schedule: Schedule, tick: Tick) -> list[NewRun]:
-    return slot_runs(schedule, tick.fire, services.current().settings.max_children)
+    return tracing.slot_runs(
+        slot_runs(schedule, tick.fire, services.current().settings.max_children)
+    )
 
 
 def _explain(schedule: Schedule, tick: Tick) -> None:

@@ -38,7 +38,9 @@ def master(
     function: Callable[Concatenate[Any, int, P], R],
 ) -> Callable[Concatenate[Any, int, P], R]:
     """``run_master`` in a ``dtask.master`` span: the split and the dispatch (and a one-child
-    run's child taken inline, whose checkpoints are its events)."""
+    run's child taken inline, whose checkpoints are its events). The run's stored context
+    becomes the master's, so its children's messages and its finalize are the master's
+    children in the trace (a rerun's new master takes them over)."""
     if not tracing.installed():
         return function
 
@@ -49,6 +51,8 @@ def master(
             return function(store, run_id, *args, **kwargs)
         shown = {"dtask.run.id": run_id, "dtask.template": run.template}
         with tracing.span(MASTER, run.context, shown) as made:
+            # before the split commits: its children's messages and the finalize read it
+            store.runs.trace_under(run_id, tracing.carrier())
             state = function(store, run_id, *args, **kwargs)
             made.set_attribute("dtask.run.state", str(getattr(state, "value", state)))
             return state

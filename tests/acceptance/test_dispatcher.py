@@ -255,23 +255,20 @@ def test_a_high_priority_one_child_run_overtakes_a_burst_of_them(
 
     wait_for(lambda: succeeded() == len(burst) + 1, 120, "the runs")
     urgent_done = query("SELECT finished_at FROM dtask_runs WHERE id = :r", r=urgent)[0][0]
-    later = int(
-        query(
-            "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND finished_at > :t",
-            ids=burst,
-            t=urgent_done,
-        )[0][0]
-    )
+    urgent_made = query("SELECT created_at FROM dtask_runs WHERE id = :r", r=urgent)[0][0]
+
+    def finished_after(moment: datetime) -> int:
+        return int(
+            query(
+                "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND finished_at > :t",
+                ids=burst,
+                t=moment,
+            )[0][0]
+        )
+
     # what it could overtake: the burst's runs not finished when it was submitted (a busy
     # machine's workers keep up with a starved submitter: 200 on a quiet one, 3 seen)
-    urgent_made = query("SELECT created_at FROM dtask_runs WHERE id = :r", r=urgent)[0][0]
-    behind = int(
-        query(
-            "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND finished_at > :t",
-            ids=burst,
-            t=urgent_made,
-        )[0][0]
-    )
+    later, behind = finished_after(urgent_done), finished_after(urgent_made)
     print(f"\n{later} of the {behind} default-priority runs unfinished at its submit finished"
           " after the priority-9 one")  # fmt: skip
     if behind < 20:

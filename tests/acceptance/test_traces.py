@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +106,11 @@ def test_one_trace_from_submit_to_finalize_across_worker_processes(
     # one, unless two finalizers raced (two last messages at once): each then says so
     finals = [s for s in spans if s["name"] == "dtask.finalize"]
     for finalize in finals:
-        assert finalize["parent_id"] == submit["span_id"]
+        assert finalize["parent_id"] == master["span_id"]
         assert finalize["attributes"] == {"dtask.run.id": run.id, "dtask.run.state": "succeeded"}
 
     messages = [s for s in spans if s["name"] == "dtask.children"]
-    assert messages and all(m["parent_id"] == submit["span_id"] for m in messages)
+    assert messages and all(m["parent_id"] == master["span_id"] for m in messages)
     indices = sorted(i for m in messages for i in m["attributes"]["dtask.child.indices"])
     assert indices == list(range(10))  # 95 items, 10 to a child: every child in one message
     for m in messages:
@@ -150,7 +151,7 @@ def test_a_submit_through_the_api_continues_its_traceparent(
     master = _one(spans, "dtask.master")
     finals = [s for s in spans if s["name"] == "dtask.finalize"]
     assert master["parent_id"] == submit["span_id"]
-    assert finals and all(f["parent_id"] == submit["span_id"] for f in finals)
+    assert finals and all(f["parent_id"] == master["span_id"] for f in finals)
     assert master["pid"] != submit["pid"]  # the server's process, then a worker's
 
 
@@ -161,3 +162,27 @@ def test_a_run_submitted_untraced_makes_no_span(
     assert run.wait(timeout=120).state is dtask.RunState.SUCCEEDED
     ids = {s["attributes"].get("dtask.run.id") for s in read(traces) if s["name"] != "dtask.submit"}
     assert run.id not in ids
+
+
+def test_a_backfilled_slot_s_run_is_traced_under_its_slot_span(
+    traced_workers: list[WorkerProcess], traces: Path, exporter: InMemorySpanExporter
+) -> None:
+    name = f"traced-{uuid.uuid4().hex[:8]}"
+    dtask.add_schedule(name, "traced_range", {"n": 20}, cron="0 2 * * *", tz="UTC")
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    done = dtask.backfill_schedule(name, start, start + timedelta(days=1, hours=3))
+    assert done.created == 2
+    here = sorted(
+        (as_dict(s) for s in exporter.get_finished_spans() if s.name == "dtask.slot"),
+        key=lambda s: str(s["attributes"]["dtask.slot"]),
+    )
+    assert [s["attributes"]["dtask.slot"] for s in here] == [
+        "2026-03-01 02:00:00+00:00",
+        "2026-03-02 02:00:00+00:00",
+    ]
+    assert all(s["attributes"]["dtask.schedule"] == name for s in here)
+    assert len({s["trace_id"] for s in here}) == 2  # a trace per slot
+    for slot, run_id in zip(here, done.run_ids, strict=True):
+        assert dtask.get_run(run_id).wait(timeout=120).state is dtask.RunState.SUCCEEDED
+        spans = _of_trace(traces, slot["trace_id"], run_id)
+        assert _one(spans, "dtask.master")["parent_id"] == slot["span_id"]
