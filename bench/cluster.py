@@ -35,7 +35,16 @@ def prepare_environment(**extra: str) -> Path:
         PYTHONPATH=str(REPO),
         **extra,
     )
+    atexit.register(_stop_services, work / "home")  # runs before the rmtree: LIFO
     return work
+
+
+def _stop_services(home: Path) -> None:
+    """The embedded PostgreSQL and Redis a benchmark started (one that ends without stopping
+    them left a Redis server running after it)."""
+    from dtask.services import embedded
+
+    embedded.stop(home)
 
 
 class Workers:

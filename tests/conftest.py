@@ -266,6 +266,27 @@ def workers(
         yield started
 
 
+StartWorker = Callable[..., "WorkerProcess"]
+
+
+@pytest.fixture
+def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[StartWorker]:
+    """Start a worker with these arguments and DTASK_* (``start(*args, **env)``), once it is
+    ready; every one started is stopped after the test. A module may bind its own defaults
+    (``functools.partial``) in a fixture of the same name."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **env: str) -> WorkerProcess:
+        worker = WorkerProcess({**dtask_env, **env}, tmp_path / f"w{len(started)}.log", *args)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
 def submitted(env: dict[str, str], template: str, **variables: object) -> int:
     """A run submitted by `dtask submit` with ``env`` (another cluster's services): its id."""
     args = [a for name, value in variables.items() for a in ("--var", f"{name}={value}")]

@@ -78,34 +78,21 @@ def admit(conn: Connection, keys: Iterable[Key]) -> list[int]:
     return sorted(admitted)
 
 
-def keys_waiting(conn: Connection, run_ids: Sequence[int]) -> list[Key]:
-    """The keys of those of ``run_ids`` that wait only for their key."""
-    if not run_ids:
+def waiting_keys(conn: Connection, run_ids: Sequence[int] | None, limit: int = _NEXT) -> list[Key]:
+    """Keys with a run that waits only for its key: among ``run_ids``, or any (the reaper
+    admits what it can of them), ``limit`` at most."""
+    if run_ids is not None and not run_ids:
         return []
     return [
         (str(r.client), str(r.concurrency_key))
         for r in conn.execute(
             sql(
                 "SELECT DISTINCT client, concurrency_key FROM dtask_runs r"
-                " WHERE id = ANY(:ids) AND concurrency_key IS NOT NULL AND state = 'waiting'"
-                f" AND {_FREE_OF_UPSTREAMS}"
-            ),
-            {"ids": list(run_ids)},
-        )
-    ]
-
-
-def stuck(conn: Connection, limit: int) -> list[Key]:
-    """Keys with a run that waits only for its key (the reaper admits what it can of them)."""
-    return [
-        (str(r.client), str(r.concurrency_key))
-        for r in conn.execute(
-            sql(
-                "SELECT DISTINCT client, concurrency_key FROM dtask_runs r"
                 " WHERE concurrency_key IS NOT NULL AND state = 'waiting'"
+                " AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(:ids))"
                 f" AND {_FREE_OF_UPSTREAMS} LIMIT :limit"
             ),
-            {"limit": limit},
+            {"ids": None if run_ids is None else list(run_ids), "limit": limit},
         )
     ]
 

@@ -137,7 +137,8 @@ def release(
         ),
         {"ids": list(candidates)},
     ).all()
-    admitted = concurrency.admit(conn, [*keys, *concurrency.keys_waiting(conn, candidates)])
+    waiting = concurrency.waiting_keys(conn, candidates, len(candidates))
+    admitted = concurrency.admit(conn, [*keys, *waiting])
     return sorted({*(int(r.id) for r in rows), *admitted})
 
 
@@ -221,7 +222,8 @@ def settle_orphans(conn: Connection, limit: int) -> list[int]:
                 {"id": run_id, "error": error},
             )
             fail_downstream(conn, run_id, RunState.FAILED)
-    return sorted({*released, *concurrency.admit(conn, concurrency.stuck(conn, limit))})
+    stuck = concurrency.waiting_keys(conn, None, limit)  # an older dtask finished their runs
+    return sorted({*released, *concurrency.admit(conn, stuck)})
 
 
 def waiting_for(conn: Connection, run_ids: Sequence[int]) -> dict[int, tuple[list[int], list[int]]]:

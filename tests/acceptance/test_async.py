@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -15,27 +15,15 @@ import pytest
 import dtask
 from soak.cluster import FAST
 from tests.acceptance.test_scale import handed_over, held
-from tests.conftest import WorkerProcess
+from tests.conftest import StartWorker, WorkerProcess
 from tests.support.db import child_row, wait_for
 
 pytestmark = pytest.mark.acceptance
 
 
 @pytest.fixture
-def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, **env: str) -> WorkerProcess:
-        worker = WorkerProcess(
-            {**dtask_env, **FAST, **env}, tmp_path / f"w{len(started)}.log", "-c", "2", *args
-        )
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+def start_worker(start_worker: StartWorker) -> StartWorker:
+    return partial(start_worker, "-c", "2", **FAST)
 
 
 def lines(sink: Path, run_id: int, index: int) -> list[str]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from functools import partial
 
 import psutil
 import pytest
@@ -18,25 +17,15 @@ from dtask.worker import configure
 from dtask.worker.app import app
 from dtask.worker.messages import publish
 from tests.acceptance.test_faults import FAST, running_with_checkpoint
-from tests.conftest import WorkerProcess
+from tests.conftest import StartWorker, WorkerProcess
 from tests.support.db import children, wait_for
 
 pytestmark = pytest.mark.acceptance
 
 
 @pytest.fixture
-def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, **env: str) -> WorkerProcess:
-        worker = WorkerProcess({**dtask_env, **FAST, **env}, tmp_path / "w.log", *args)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+def start_worker(start_worker: StartWorker) -> StartWorker:
+    return partial(start_worker, **FAST)
 
 
 def pool(worker: WorkerProcess) -> list[int]:

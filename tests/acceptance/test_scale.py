@@ -8,32 +8,21 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 import dtask
-from tests.conftest import DTASK, WorkerProcess
+from tests.conftest import DTASK, StartWorker, WorkerProcess
 from tests.support.db import child_row, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
 
 
 @pytest.fixture
-def start_worker(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[object]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, **env: str) -> WorkerProcess:
-        log = tmp_path / f"w{len(started)}.log"
-        worker = WorkerProcess({**dtask_env, **env}, log, "-c", "2", *args)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+def start_worker(start_worker: StartWorker) -> StartWorker:
+    return partial(start_worker, "-c", "2")
 
 
 def runs_on(worker: WorkerProcess, run_id: int, index: int) -> bool:

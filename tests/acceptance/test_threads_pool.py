@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,28 +17,15 @@ import pytest
 import dtask
 from soak.cluster import FAST
 from tests.acceptance.test_scale import held, numbers
-from tests.conftest import DTASK, WorkerProcess
+from tests.conftest import DTASK, StartWorker, WorkerProcess
 from tests.support.db import child_row, children, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
 
-Start = Callable[..., WorkerProcess]
-
 
 @pytest.fixture
-def start(dtask_env: dict[str, str], tmp_path: Path) -> Iterator[Start]:
-    started: list[WorkerProcess] = []
-
-    def start(*args: str, **env: str) -> WorkerProcess:
-        log = tmp_path / f"w{len(started)}.log"
-        worker = WorkerProcess({**dtask_env, **FAST, **env}, log, *args)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+def start(start_worker: StartWorker) -> StartWorker:
+    return partial(start_worker, **FAST)
 
 
 def held_on(worker: WorkerProcess, run_id: int, count: int) -> dict[int, int]:
@@ -56,7 +43,7 @@ def held_on(worker: WorkerProcess, run_id: int, count: int) -> dict[int, int]:
 
 
 def test_a_sigkilled_threads_worker_s_children_resume_elsewhere_from_their_checkpoints(
-    start: Start, sink: Path
+    start: StartWorker, sink: Path
 ) -> None:
     threads = start("-P", "threads", "-c", "4")
     gate = held(sink)
@@ -77,7 +64,7 @@ def test_a_sigkilled_threads_worker_s_children_resume_elsewhere_from_their_check
 
 
 def test_sigterm_hands_a_threads_worker_s_children_over_at_their_checkpoints(
-    start: Start, sink: Path
+    start: StartWorker, sink: Path
 ) -> None:
     threads = start("-P", "threads", "-c", "2")
     gate = held(sink)
@@ -97,7 +84,7 @@ def test_sigterm_hands_a_threads_worker_s_children_over_at_their_checkpoints(
 
 
 def test_the_cap_fails_a_threads_child_that_will_not_stop_and_the_worker_goes_on(
-    start: Start, sink: Path, dtask_env: dict[str, str]
+    start: StartWorker, sink: Path, dtask_env: dict[str, str]
 ) -> None:
     threads = start("-P", "threads", "-c", "2", DTASK_EXECUTION_CAP_GRACE="1")
     stuck = dtask.submit("hangs_capped", {"n": 8, "hang_at": 5, "how": "blocking"})

@@ -263,8 +263,9 @@ function runPage(id) {
         drawnFor = seen;
       }
       if (run.children.failed !== failedFor) {
-        failedFor = run.children.failed;
+        const asked = failedFor = run.children.failed;
         const { children } = await api(`/runs/${id}/children?state=failed&limit=100`);
+        if (asked !== failedFor) return; // a later refresh asked again: its answer is drawn, not this older one
         replace(failed, children.length ? el("div", { class: "card" }, el("h3", { style: "margin-top:0" }, `Failed children (${run.children.failed})`),
           table(["Child", "Range", "Attempts", "Worker", "Error"], children.map((c) => {
             const full = el("pre", { class: "error", hidden: true }, c.error || "");
