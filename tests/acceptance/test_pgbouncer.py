@@ -5,6 +5,7 @@ the test's own checks talks to PostgreSQL directly."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from collections.abc import Iterator
@@ -121,3 +122,44 @@ def test_a_worker_past_pgbouncer_s_client_limit_refuses_to_start_and_one_within_
         finally:
             within.stop()
         assert "client limit" not in within.output()
+
+
+def test_a_concurrency_key_holds_behind_pgbouncer(
+    pooled_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Its admission's advisory locks are transaction-scoped: a transaction pooler keeps them."""
+    migrated = dtask(pooled_env, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    workers = [WorkerProcess(pooled_env, tmp_path / f"w{i}.log", "-c", "2") for i in range(2)]
+    try:
+        for worker in workers:
+            worker.wait_ready(timeout=120)
+        key = f"pooled-{tmp_path.name}"
+        hold = Path(pooled_env["DTASK_TEST_SINK"]) / key
+        hold.touch()  # the first run holds its key until the other five are seen waiting
+        ids = []
+        for _ in range(6):
+            made = dtask(pooled_env, "submit", "per_customer", "-e", "customer=x", "-e", "n=40",
+                         "-e", f"hold={hold.name}", "--concurrency-key", key, "-q")  # fmt: skip
+            assert made.returncode == 0, made.stderr
+            ids.append(int(made.stdout.split()[0]))
+        states = "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND state = :s"
+        wait_for(lambda: scalar(states, ids=ids, s="running") == 1, 60, "the first run to run")
+        assert scalar(states, ids=ids, s="waiting") == 5
+        hold.unlink()
+        ended = "SELECT count(*) FROM dtask_runs WHERE id = ANY(:ids) AND state = 'succeeded'"
+        wait_for(lambda: scalar(ended, ids=ids) == 6, timeout=180, what="the six runs")
+    finally:
+        for worker in workers:
+            worker.stop()
+    with services.store().db.tx() as conn:
+        spans = conn.execute(
+            text(
+                "SELECT min(started_at) AS a, max(finished_at) AS b FROM dtask_children"
+                " WHERE run_id = ANY(:ids) GROUP BY run_id ORDER BY a"
+            ),
+            {"ids": ids},
+        ).all()
+    assert len(spans) == 6
+    assert all(one.b <= two.a for one, two in itertools.pairwise(spans))  # one at a time
+    assert "Traceback" not in "".join(w.output() for w in workers)
