@@ -359,12 +359,9 @@ def _concurrency(tpl: Template, options: RunOptions, where: str) -> Concurrency 
     changes the template's key's), else the template's."""
     key, most = options.get("concurrency_key"), options.get("max_concurrent")
     own = tpl.options.concurrency
-    if key is None and most is not None and own is not None:
-        key = own.key
-    if key is None and most is None:
-        return own
-    if most is None and own is not None:
-        most = own.most
+    if own is not None:
+        key = own.key if key is None else key
+        most = own.most if most is None else most
     return check_concurrency(key, most, where, set(tpl.params))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -111,19 +110,17 @@ def _insert(conn: Connection, charged: NewRun, runs: Sequence[NewRun]) -> dict[s
     )
     rows = conn.execute(INSERT_MANY, values).all()
     deps.insert_many(conn, [int(r.id) for r in rows], charged.after)
-    by_key = {r.key: r for r in runs}
+    limits = {r.key: r.concurrency_key for r in runs}
     made = [
         (
-            replace(charged, concurrency_key=by_key[str(r.trigger_key)].concurrency_key),
+            limits[str(r.trigger_key)],
             Created(int(r.id), True, RunState(r.state), float(r.starts_in), r.priority),
         )
         for r in rows
     ]
     return {
-        run.key: created
-        for run, created in zip(
-            (by_key[str(r.trigger_key)] for r in rows), admitted(conn, made), strict=True
-        )
+        str(r.trigger_key): created
+        for r, created in zip(rows, admitted(conn, charged.client, made), strict=True)
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -28,6 +29,11 @@ _FREE_OF_UPSTREAMS = (
     " WHERE d.run_id = r.id AND u.state <> 'succeeded')"
 )
 _NEXT = 100  # waiting runs of a key one admission reads at most
+
+
+def key_of(row: Any) -> Key | None:
+    """The key of a run's row (its ``client`` and ``concurrency_key`` columns), if it has one."""
+    return (str(row.client), str(row.concurrency_key)) if row.concurrency_key else None
 
 
 def _name(key: Key) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from dtask.db import deps
+from dtask.db import concurrency, deps
 from dtask.db.children import (
     BATCH_FINISH,
     BATCH_MATCH,
@@ -153,8 +153,7 @@ def finish(
         return None
     if run.chained and chained is not None:
         chained.append(run_id)
-    key = (run.client, run.concurrency_key) if run.concurrency_key else None
-    return deps.settle(conn, run_id, RunState.SUCCEEDED, key)
+    return deps.settle(conn, run_id, RunState.SUCCEEDED, concurrency.key_of(run))
 
 
 # A plan for one run: (its template, variables, live slots) -> its children's specs, or None
@@ -274,7 +273,7 @@ class InlineStore:
                 batch_values([d for _, d in done]),
             ).all()
             succeeded = sorted(int(r.id) for r in rows)
-            keys = [(r.client, r.concurrency_key) for r in rows if r.concurrency_key]
+            keys = [key for key in map(concurrency.key_of, rows) if key is not None]
             released = deps.release(conn, deps.waiting_dependents(conn, succeeded), keys)
         return Ended(succeeded, sorted(int(r.id) for r in rows if r.chained), released)
 

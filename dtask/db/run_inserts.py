@@ -122,15 +122,11 @@ def params(run: NewRun, state: RunState, error: str | None) -> dict[str, Any]:
     }
 
 
-def insert_run(conn: Connection, run: NewRun) -> int | None:
+def insert_run(conn: Connection, run: NewRun) -> Created | None:
     """Insert a run unless its client has a run of its trigger key (exactly once per client and
-    key): its id, or None when the key was taken. It is pending, or waiting for its unfinished
-    upstreams, or failed at once when one of them failed or was cancelled."""
-    created = _insert(conn, run)
-    return None if created is None else created.id
-
-
-def _insert(conn: Connection, run: NewRun) -> Created | None:
+    key): what was created, or None when the key was taken. It is pending, or waiting for its
+    unfinished upstreams or its concurrency key, or failed at once when an upstream failed or
+    was cancelled."""
     state, error = deps.initial_state(conn, run.after)
     if run.unmet is not None:
         state, error = RunState.FAILED, run.unmet
@@ -139,7 +135,7 @@ def _insert(conn: Connection, run: NewRun) -> Created | None:
         return None
     deps.insert(conn, int(row.id), run.after)
     created = Created(int(row.id), True, RunState(row.state), float(row.starts_in), row.priority)
-    return admitted(conn, [(run, created)])[0]
+    return admitted(conn, run.client, [(run.concurrency_key, created)])[0]
 
 
 def keyed(run: NewRun, state: RunState) -> RunState:
@@ -148,16 +144,15 @@ def keyed(run: NewRun, state: RunState) -> RunState:
     return RunState.WAITING if run.concurrency_key and state is RunState.PENDING else state
 
 
-def admitted(conn: Connection, created: Sequence[tuple[NewRun, Created]]) -> list[Created]:
-    """The runs just inserted as their concurrency keys' admission leaves them: pending where
-    their key has room, else waiting (see :mod:`dtask.db.concurrency`). An older run it admits
-    instead (rare: one a concurrent settle held) is left pending, for the reaper to start."""
-    keys = [
-        (run.client, run.concurrency_key)
-        for run, made in created
-        if run.concurrency_key and made.state is RunState.WAITING
-    ]
-    started = set(concurrency.admit(conn, keys)) if keys else set()
+def admitted(
+    conn: Connection, client: str, created: Sequence[tuple[str | None, Created]]
+) -> list[Created]:
+    """The runs of ``client`` just inserted, each with its concurrency key, as their keys'
+    admission leaves them: pending where their key has room, else waiting (see
+    :mod:`dtask.db.concurrency`). An older run it admits instead (rare: one a concurrent
+    settle held) is left pending, for the reaper to start."""
+    keys = [(client, key) for key, made in created if key and made.state is RunState.WAITING]
+    started = set(concurrency.admit(conn, keys))
     return [replace(c, state=RunState.PENDING) if c.id in started else c for _, c in created]
 
 
@@ -231,7 +226,7 @@ class RunInserts(RunReads):
                     existing = self._by_key(conn, client, key)
                 if existing is None:
                     check_rates(conn, charged, run.expected_children)
-                    created = _insert(conn, run.charged_to(charged))
+                    created = insert_run(conn, run.charged_to(charged))
                     if created is not None:
                         return created
                     existing = self._by_key(conn, client, key)

@@ -496,7 +496,11 @@ class RunStore(BulkInserts):
         finished = "now()" if state.finished else "NULL"
         changed = conn.execute(
             sql(
-                f"UPDATE dtask_runs SET state = :state, error = :error, finished_at = {finished},"
+                # a run of a concurrency key goes back to pending (a rerun) through its
+                # key's admission: waiting until that admits it
+                "UPDATE dtask_runs SET state = CASE WHEN CAST(:state AS text) = 'pending'"
+                "   AND concurrency_key IS NOT NULL THEN 'waiting' ELSE CAST(:state AS text) END,"
+                f" error = :error, finished_at = {finished},"
                 " result = CAST(:result AS jsonb), updated_at = now()"
                 " WHERE id = :id AND state = ANY(:sources) RETURNING client, concurrency_key"
             ),
@@ -510,13 +514,10 @@ class RunStore(BulkInserts):
         ).first()
         if changed is None:
             return None
-        key = changed.concurrency_key and (changed.client, changed.concurrency_key)
+        key = concurrency.key_of(changed)
         if state.finished:
-            return deps.settle(conn, run_id, state, key or None)
-        if state is RunState.PENDING and key:  # a rerun: its key admits it, or it waits
-            conn.execute(
-                sql("UPDATE dtask_runs SET state = 'waiting' WHERE id = :id"), {"id": run_id}
-            )
+            return deps.settle(conn, run_id, state, key)
+        if state is RunState.PENDING and key is not None:
             return concurrency.admit(conn, [key])
         return []
 

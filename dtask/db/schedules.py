@@ -22,7 +22,7 @@ from dtask.db.database import Database
 from dtask.db.run_inserts import insert_run
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate
-from dtask.domain.runs import NewRun
+from dtask.domain.runs import NewRun, RunState
 from dtask.domain.schedules import Misfire, Overlap, Schedule, Timing, iso
 from dtask.exceptions import DtaskError, InvalidSchedule, ScheduleExists, ScheduleNotFound
 
@@ -403,15 +403,11 @@ def _insert_slot(
     """A slot's run, once per slot (its key): created (its master to be sent), held (waiting
     for its upstream slot's run, or failed by it), or found existing; its id."""
     run = _after_upstream_slot(conn, planned, after_schedule)
-    run_id = insert_run(conn, run)
-    if run_id is not None and (run.after or run.unmet or run.concurrency_key):
-        state = conn.execute(
-            text("SELECT state FROM dtask_runs WHERE id = :id"), {"id": run_id}
-        ).scalar_one()
-        held = state != "pending"  # waiting for its upstream or key, or failed by it
+    created = insert_run(conn, run)
+    if created is not None:
+        run_id = created.id
+        held = created.state is not RunState.PENDING  # its upstream or key, or failed by it
         (fired.held if held else fired.created).append((run_id, run))
-    elif run_id is not None:
-        fired.created.append((run_id, run))
     else:
         run_id = conn.execute(  # the slot's run, charged to the schedule's client
             text("SELECT id FROM dtask_runs WHERE client = :client AND trigger_key = :key"),

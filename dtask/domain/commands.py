@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtask.domain.placeholders import PLACEHOLDER, placeholders
 from dtask.exceptions import CommandFailed, TemplateDefinitionError
 
-_PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
 CHECKPOINT, RESULT = "::checkpoint ", "::result "
 GRACE = 10.0  # seconds from SIGTERM to SIGKILL when a command is asked to stop
 
@@ -42,7 +42,7 @@ class Command:
 
     def names(self) -> set[str]:
         """The spec keys the command's placeholders name."""
-        return {m.group(1) for a in self.argv for m in _PLACEHOLDER.finditer(a) if m.group(1)}
+        return placeholders(self.argv)
 
     def line(self, spec: Mapping[str, Any]) -> list[str]:
         """The argv for a child whose spec is ``spec``: each placeholder is replaced by its
@@ -61,7 +61,7 @@ def _fill(text: str, spec: Mapping[str, Any], quote: Any) -> str:
         shown = found if isinstance(found, str) else json.dumps(found)
         return str(quote(shown))
 
-    return _PLACEHOLDER.sub(value, text)
+    return PLACEHOLDER.sub(value, text)
 
 
 def message(line: str) -> tuple[str, Any] | None:

@@ -9,15 +9,15 @@ from typing import Any
 
 JSON = Any
 
-_PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
-_WHOLE_PLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+PLACEHOLDER = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)\})")
+_WHOLEPLACEHOLDER = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
 def placeholders(skeleton: JSON) -> set[str]:
     """Every ``${name}`` used anywhere in the skeleton (keys and values)."""
     found: set[str] = set()
     for text in _strings(skeleton):
-        found.update(m.group(1) for m in _PLACEHOLDER.finditer(text) if m.group(1))
+        found.update(m.group(1) for m in PLACEHOLDER.finditer(text) if m.group(1))
     return found
 
 
@@ -36,10 +36,10 @@ def _strings(node: JSON) -> Iterator[str]:
 def render(skeleton: JSON, variables: Mapping[str, Any]) -> JSON:
     """Fill placeholders. A string that is exactly ``${name}`` takes the value with its type."""
     if isinstance(skeleton, str):
-        whole = _WHOLE_PLACEHOLDER.match(skeleton)
+        whole = _WHOLEPLACEHOLDER.match(skeleton)
         if whole:
             return variables[whole.group(1)]
-        return _PLACEHOLDER.sub(
+        return PLACEHOLDER.sub(
             lambda m: "$" if m.group(1) is None else str(variables[m.group(1)]), skeleton
         )
     if isinstance(skeleton, Mapping):

@@ -161,9 +161,9 @@ def test_a_slot_run_s_deadline_counts_from_its_slot(store: Store) -> None:
     run = NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, slot=slot, delay_tolerance=600)
     run = run.charged_to(Client(DEFAULT_CLIENT))
     with store.db.tx() as conn:
-        run_id = insert_run(conn, run)
-    assert run_id is not None
-    assert store.runs.status(run_id).deadline == slot + timedelta(minutes=10)
+        created = insert_run(conn, run)
+    assert created is not None
+    assert store.runs.status(created.id).deadline == slot + timedelta(minutes=10)
 
 
 def test_a_client_read_without_limits_is_checked_again_by_each_submit(store: Store) -> None:
