@@ -173,12 +173,12 @@ def main() -> int:
         parser.error(f"sizes start at {len(KINDS)} (one schedule of each kind)")
     work = prepare_environment()
     import dtask
-    from dtask import services
+    from dtask import services, templating
     from dtask.services import embedded
 
     rows, notes, profiles = [], [], []
     try:
-        services.load_templates()
+        templating.load_templates()
         engine = services.store().engine
         for i, kind in enumerate(KINDS):
             dtask.add_schedule(f"kind-{i}", "bench_noop", {"n": 1}, **kind)

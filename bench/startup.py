@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 COMMANDS = [
     ["--version"],  # before 903d182: argparse's "arguments are required", after all imports
     ["--help"],
+    ["templates"],  # needs no service: no database driver since it left dtask.services
+    ["config"],
     ["status", "1"],
     ["runs", "--limit", "5"],
     ["submit", "tiny", "--var", "n=1", "--var", "fail_every=0"],

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dtask.cli.base import Parser, interrupted
 from dtask.exceptions import DtaskError
@@ -27,12 +28,23 @@ def version() -> str:
         return "dtask (not installed)"
 
 
+class _Version(argparse.Action):
+    """``--version`` after other options: the version is read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(version())
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     # the nouns import dtask's settings and clients: only a command that parses pays for them
     from dtask.cli import api, children, clients, graph, logs, prune, runs, schedules, services
 
     top = Parser(prog="dtask", description=__doc__)
-    top.add_argument("--version", action="version", version=version())
+    top.add_argument("--version", action=_Version)
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     for noun in (runs, children, logs, graph, schedules, clients, services, prune, api):
         noun.register(sub)
@@ -76,10 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return services.run_worker(argv[1:])
         _stacks_on_sigusr1()
         args = parser().parse_args(argv)
-        from dtask.services import attach_only
+        if not getattr(args, "reads_only", False):
+            return int(args.handler(args))
+        from dtask.services import attach_only  # here: a command that needs no service skips it
 
-        reads_only = getattr(args, "reads_only", False)  # never starts the embedded services
-        with attach_only() if reads_only else contextlib.nullcontext():
+        with attach_only():  # never starts the embedded services
             code: int = args.handler(args)
         return code
     except DtaskError as exc:

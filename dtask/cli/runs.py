@@ -240,11 +240,11 @@ def _wait(run_id: int, timeout: float | None, show: bool) -> RunStatus:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from dtask import services
+    from dtask import templating
     from dtask.client.runs import submit
     from dtask.domain.templates import registry
 
-    services.load_templates()
+    templating.load_templates()
     tpl = registry.get(args.template)
     variables = tpl.parse_variables(parse_vars(args.var))
     options = dict(
@@ -386,10 +386,10 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_templates(args: argparse.Namespace) -> int:
-    from dtask import services
+    from dtask import templating
     from dtask.domain.templates import registry
 
-    services.load_templates()
+    templating.load_templates()
     rows = [
         {
             "name": t.name,

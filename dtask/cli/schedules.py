@@ -85,10 +85,10 @@ def register(sub: Any) -> None:
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from dtask import services
+    from dtask import templating
     from dtask.client import schedules as scheduling
 
-    services.load_templates()
+    templating.load_templates()
     if args.op == "add":
         from dtask.domain.templates import registry
 

@@ -10,7 +10,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dtask.cli import celery_start
 from dtask.cli.base import EXIT_OK, port, processes
 from dtask.domain.clients import Tier, tier_of
 from dtask.domain.tiers import DEFAULT_QUEUE, served_queues
@@ -262,6 +261,8 @@ def _cmd_beat(args: argparse.Namespace) -> int:
     app = configure()
     services.store()  # fail now, in one line, if PostgreSQL is unreachable
     argv = ["--scheduler=dtask.worker.beat:DatabaseScheduler", "--loglevel=INFO"]
+    from dtask.cli import celery_start  # click: only the commands that start Celery pay
+
     return celery_start.start(app, "beat", argv)
 
 
@@ -309,4 +310,6 @@ def run_worker(extra: Sequence[str]) -> int:
         options = app.conf.broker_transport_options
         app.conf.broker_transport_options = {**options, "queue_order_strategy": "priority"}
     install_worker_side()
+    from dtask.cli import celery_start
+
     return celery_start.start(app, "worker", worker_argv(extra))

@@ -12,7 +12,7 @@ from functools import partial
 from types import ModuleType
 from typing import Any, Unpack
 
-from dtask import services, tracing
+from dtask import services, templating, tracing
 from dtask.client import backlog
 from dtask.client.awaiting import AsyncWaits, result_of
 from dtask.client.transactions import written_on
@@ -308,7 +308,7 @@ def prepare(template: str, **options: Unpack[RunOptions]) -> Prepared:
     notify_url, on_late = options.get("notify_url"), options.get("on_late")
     eager_mode = _eager().active()
     if eager_mode:
-        services.load_templates(services.current().settings)  # no broker: none is used
+        templating.load_templates(services.current().settings)  # no broker: none is used
     else:
         _app()
     config = services.current().settings

@@ -1,6 +1,6 @@
 """Command templates' pure part: a child's argv from its spec (placeholders become whole
 arguments, never shell text), and the lines a command prints to talk to dtask. The process
-itself is run by dtask/services/commands.py."""
+itself is run by dtask/templating/commands.py."""
 
 from __future__ import annotations
 

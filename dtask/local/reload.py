@@ -6,14 +6,14 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from dtask import services
+from dtask import templating
 
 
 def module_files(modules: tuple[str, ...]) -> list[Path]:
     """The .py files of ``modules`` (a package: every .py under it), from the current folder
     as the workers see it. ``find_spec`` imports a dotted name's parent packages here, never
     the modules themselves."""
-    services.current_folder_importable()
+    templating.current_folder_importable()
     files: list[Path] = []
     for name in modules:
         try:

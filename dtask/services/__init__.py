@@ -1,13 +1,8 @@
-"""Where dtask's services are: configured URLs, or the embedded ones started on first use.
-
-Also loads templates (the sample ones and DTASK_TEMPLATES) so every dtask process knows them.
-"""
+"""Where dtask's services are: configured URLs, or the embedded ones started on first use."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtask import settings as settings_module
+from dtask import templating
 from dtask.db import Database, Limits, Store, engine_for, schema
 from dtask.exceptions import ConfigurationError, StackDown
 from dtask.services import embedded
@@ -34,7 +30,6 @@ _current: Services | None = None
 _attach_only = False
 _broker_ready: Services | None = None
 _migrated: set[str] = set()
-_loaded_templates = False
 
 
 def broker_urls(config: Settings) -> tuple[str, str]:
@@ -163,50 +158,11 @@ def import_database_driver() -> None:
     engine_for(database_url())
 
 
-def current_folder_importable() -> None:
-    """Template modules are named from the folder a command runs in, as ``celery -A`` names
-    its app: that folder on ``sys.path`` (a console script's path holds only its own)."""
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
-def load_templates(config: Settings | None = None) -> None:
-    """Import the sample templates and every module named in DTASK_TEMPLATES, and load its
-    TOML files of command templates (once). The current folder is importable, as it is for
-    ``celery -A``; a relative TOML path is read from it."""
-    global _loaded_templates
-    if _loaded_templates:
-        return
-    importlib.import_module("dtask.examples")
-    modules = (config or settings_module.load()).templates
-    if modules:
-        current_folder_importable()
-    for module in modules:
-        if module.endswith(".toml"):  # command templates (docs/commands.md)
-            from dtask.services import command_templates
-
-            command_templates.load(Path(module).expanduser().absolute())
-            continue
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigurationError(
-                f"DTASK_TEMPLATES names {module!r}, which cannot be imported from"
-                f" {os.getcwd()}: {exc}"
-            ) from None
-        except SyntaxError as exc:
-            raise ConfigurationError(
-                f"DTASK_TEMPLATES names {module!r}, which has a syntax error:"
-                f" {exc.filename}:{exc.lineno}: {exc.msg}"
-            ) from None
-    _loaded_templates = True
-
-
 def reset() -> None:
     """Forget resolved services (tests that switch DTASK_* variables)."""
-    global _current, _loaded_templates
+    global _current
     with _lock:
         _current = None
         _migrated.clear()
         _stores.clear()
-        _loaded_templates = False
+    templating.reset()

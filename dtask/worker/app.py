@@ -44,13 +44,13 @@ def configure() -> Celery:
     """Start/attach the services, load templates, point the app at them. Cheap to call again:
     the work is done once per resolved set of services (services.reset() starts over). A host
     app keeps its own broker and backend settings."""
-    from dtask import services
+    from dtask import services, templating
     from dtask.worker.config import celery_settings
 
     global _configured_for
     resolved = services.ensure_broker()
     if _configured_for is not resolved:
-        services.load_templates(resolved.settings)
+        templating.load_templates(resolved.settings)
         if _host is None:
             app.conf.update(celery_settings(resolved.settings))
         _configured_for = resolved

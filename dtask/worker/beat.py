@@ -26,7 +26,7 @@ from typing import Any
 
 from celery.beat import Scheduler
 
-from dtask import services, tracing
+from dtask import services, templating, tracing
 from dtask.db.schedules import Firing
 from dtask.domain.backfill import slot_runs
 from dtask.domain.runs import NewRun
@@ -181,7 +181,7 @@ class DatabaseScheduler(Scheduler):  # type: ignore[misc]
         self.max_interval = MAX_SLEEP
 
     def setup_schedule(self) -> None:
-        services.load_templates()
+        templating.load_templates()
         entries = ", ".join(sorted(self.app.conf.beat_schedule)) or "none now"
         if not self.app_entries:  # self.schedule stays empty: no lease, nothing of the app's
             log.info(

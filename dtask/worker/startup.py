@@ -17,7 +17,7 @@ from typing import Any
 from celery.signals import celeryd_after_setup, worker_init, worker_process_init
 from celery.utils.text import str_to_list
 
-from dtask import services
+from dtask import services, templating
 from dtask.db import pooler
 from dtask.db.engine import as_pool_process, as_prefork_main
 from dtask.domain.limits import over_budget, short_at_peak, worker_connections
@@ -143,7 +143,7 @@ def _load_templates() -> None:
     forks (as ``dtask worker`` does): every pool process knows them, and their queues count
     as dtask's. A module that fails is logged; its runs' masters then say so."""
     try:
-        services.load_templates(services.current().settings)
+        templating.load_templates(services.current().settings)
     except DtaskError as exc:
         log.warning("dtask: %s", exc)
 

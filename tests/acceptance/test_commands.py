@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 import dtask
 from dtask import services
-from dtask.services import command_templates
+from dtask.templating import command_templates
 from soak.cluster import FAST
 from tests.conftest import DTASK, REPO, WorkerProcess, running_workers
 from tests.support.db import child_row, owner_pid, wait_for

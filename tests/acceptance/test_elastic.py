@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import dtask
-from dtask.services import command_templates
+from dtask.templating import command_templates
 from tests.conftest import REPO, WorkerProcess, running_workers
 from tests.support.db import child_row, children, owner_pid, wait_for
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 import dtask
-from dtask import services
+from dtask import services, templating
 from dtask.db.schedules import Decide, Fired, Firing, ScheduleStore
 from dtask.domain.clients import DEFAULT_CLIENT, Client
 from dtask.domain.runs import NewRun
@@ -192,7 +192,7 @@ def test_a_schedule_this_beat_cannot_run_keeps_its_slots_and_spares_the_others(
 ) -> None:
     from dtask.worker.beat import Pass
 
-    services.load_templates()
+    templating.load_templates()
     broken = f"{name}-broken"
     try:
         schedules.save(every(name, 1), replace=False)
@@ -223,7 +223,7 @@ def test_a_schedule_s_own_delay_tolerance_sets_its_runs_deadline_from_the_slot(
     from dtask.domain.deadlines import OnLate
     from dtask.worker.beat import Pass
 
-    services.load_templates()
+    templating.load_templates()
     timing = Timing(1, delay_tolerance=45.0, on_late=OnLate.FAIL)
     saved, _ = schedules.save(Schedule(name, "print_range", {"n": 1}, timing), replace=False)
     assert schedules.get(name).timing == timing  # kept as saved, not the template's (none)
@@ -249,7 +249,7 @@ def test_a_schedule_whose_run_postgresql_refuses_fails_alone(
     rolled back the beat's whole chunk, so no other schedule fired for as long as it existed.
     Now it is decided under a savepoint: the error is its own, the others fire."""
 
-    services.load_templates()
+    templating.load_templates()
     broken = f"{name}-zbad"
     refuse = f"it_refuse_{name[3:]}"
     try:

@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from dtask import services
+from dtask import services, templating
 from dtask.db import Claim, Store
 from dtask.db.database import sql
 from dtask.domain.runs import NewRun, RunState
@@ -147,7 +147,7 @@ def test_a_schedule_after_one_of_another_cadence_is_decided_up_to_its_next_slot(
     from dtask.client.schedules import add_schedule, remove_schedule
     from dtask.db.schedules import _decided_upstream
 
-    services.load_templates()
+    templating.load_templates()
     name = f"up-{uuid.uuid4().hex[:6]}"
     add_schedule(name, "print_range", {"n": 1}, every=3600)
     try:

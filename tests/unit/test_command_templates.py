@@ -14,7 +14,7 @@ import pytest
 from dtask.domain.commands import Command, exit_error, message
 from dtask.domain.templates import registry
 from dtask.exceptions import CommandFailed, TemplateDefinitionError
-from dtask.services import command_templates
+from dtask.templating import command_templates
 
 HOSTILE = ["; rm -rf /", "$(touch /tmp/owned)", "`id`", "a b", "'\"", "--flag=x"]
 
@@ -121,7 +121,7 @@ def test_a_file_that_is_not_toml_or_has_no_template_is_named(tmp_path: Path) -> 
 
 def test_a_command_that_cannot_start_is_one_line(tmp_path: Path) -> None:
     from dtask.domain.context import ChildContext
-    from dtask.services.commands import CommandChild
+    from dtask.templating.commands import CommandChild
 
     ctx = ChildContext(
         run_id=1, index=0, attempt=1, checkpoint_state=None, writer=lambda state: None,
@@ -142,7 +142,7 @@ def test_a_stop_request_ends_the_command_sigterm_then_sigkill(
 
     from dtask.domain.context import ChildContext
     from dtask.exceptions import ChildStopped
-    from dtask.services.commands import CommandChild
+    from dtask.templating.commands import CommandChild
 
     asked = time.monotonic() + 0.5
     written: list[object] = []
@@ -169,7 +169,7 @@ def test_a_stealable_command_reads_its_ranges_end_back_after_each_checkpoint(
     """Asked at its second checkpoint, the child gives the second half of its rest away;
     the command reads the new end (15) and stops there; asked on no other checkpoint."""
     from dtask.domain.context import ChildContext, Stealable
-    from dtask.services.commands import CommandChild
+    from dtask.templating.commands import CommandChild
 
     written: list[object] = []
     given: list[int] = []
@@ -195,7 +195,7 @@ def test_a_stealable_command_that_never_reads_its_stdin_runs_to_its_end() -> Non
     """The replies go to a pipe nobody reads: once it is full they are dropped, and the
     command's checkpoints still commit."""
     from dtask.domain.context import ChildContext, Stealable
-    from dtask.services.commands import CommandChild
+    from dtask.templating.commands import CommandChild
 
     written: list[object] = []
     ctx = ChildContext(

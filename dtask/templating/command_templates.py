@@ -1,5 +1,5 @@
 """Templates declared in a TOML file (an entry of DTASK_TEMPLATES ending in ``.toml``), each
-running a command per child (dtask/services/commands.py): no Python needed. Checked when
+running a command per child (dtask/templating/commands.py): no Python needed. Checked when
 loaded, like a Python template: an unknown key, a wrong type, a placeholder that names no
 parameter is one line naming the file and the key::
 
@@ -23,7 +23,7 @@ from dtask.domain.params import Param
 from dtask.domain.splitting import RangeSplit, SplitStrategy
 from dtask.domain.templates import Template, TemplateOptions, registry
 from dtask.exceptions import DtaskError, TemplateDefinitionError
-from dtask.services.commands import CommandChild
+from dtask.templating.commands import CommandChild
 
 TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 KEYS = {
