@@ -350,18 +350,24 @@ class ChildStore(ChildReads):
             counts=claim.uncounted,
         )
 
-    def note_time(self, run_id: int, seconds: float) -> None:
+    def note_time(self, run_id: int, seconds: float) -> bool:
         """Fold a child's measured time (claim to finish, in its pool process) into the run's
-        moving average: what the dispatcher sizes its messages by. Once per message."""
+        moving average: what the dispatcher sizes its messages by. Once per message. True
+        where it was the run's first and children of it wait unsent: their messages can be
+        sized now."""
         with self.db.owner() as conn:
-            conn.execute(
+            first = conn.execute(
                 sql(
-                    "UPDATE dtask_runs SET child_seconds = CASE WHEN child_seconds IS NULL"
-                    " THEN :s ELSE 0.7 * child_seconds + 0.3 * :s END"
-                    f" WHERE id = :r AND {ASYNC_COMMIT}"
+                    "UPDATE dtask_runs r SET child_seconds = CASE WHEN r.child_seconds IS NULL"
+                    " THEN :s ELSE 0.7 * r.child_seconds + 0.3 * :s END"
+                    " FROM (SELECT child_seconds IS NULL AS unmeasured FROM dtask_runs"
+                    " WHERE id = :r) before"
+                    f" WHERE r.id = :r AND {ASYNC_COMMIT}"
+                    " RETURNING before.unmeasured AND r.unsent > 0"
                 ),
                 {"r": run_id, "s": seconds},
-            )
+            ).scalar()
+        return bool(first)
 
     def any_unfinished(self, run_id: int) -> bool:
         """Whether a child of the run is still pending or running. Asked after a child's own

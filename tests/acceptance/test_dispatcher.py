@@ -277,3 +277,49 @@ def test_a_high_priority_one_child_run_overtakes_a_burst_of_them(
     # it gets depends on the machine's pace (61 of 200 on a loaded one, more on a quiet one):
     # that figure is bench.small_runs's, this bound only says it overtook a large share.
     assert later >= behind // 10, (later, behind)
+
+
+@pytest.mark.parametrize("broker_env", ["redis"], indirect=True)
+def test_a_new_run_s_children_leave_once_its_first_child_is_timed(
+    window_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A new run's first children leave with its split, one to a message (their time is not
+    known). The rest leave as soon as the first child's time sizes their messages, from the
+    pool process that timed it: not at the next pass of the main processes' loops, which
+    here are at their idle pace (a pass every 50 s)."""
+    env = {**window_env, "DTASK_DISPATCH_INTERVAL": "5"}
+    worker = WorkerProcess(env, tmp_path / "w.log", "-c", "2")
+    try:
+        worker.wait_ready()
+        wait_for(
+            lambda: idle_for() > 30, 60, "the worker's dispatcher loop to find nothing and idle"
+        )
+        made = cli(env, "submit", "tiny", "-e", "n=40", "-e", "fail_every=0", "--json")
+        run_id = int(json.loads(made.stdout)["id"])
+        wait_for(lambda: len(sends(run_id)) >= 2, 30, "a second send of the run's children")
+        first = sends(run_id)[0]
+        assert first[1] <= 4, first  # two messages of one child per slot
+        assert idle_for() > 10, "a loop's pass sent them, not the timed child's process"
+    finally:
+        worker.stop()
+
+
+def idle_for() -> float:
+    """Seconds until the cluster's next dispatcher pass (the loops' slot)."""
+    found = query(
+        "SELECT extract(epoch from expires_at - now()) FROM dtask_leases"
+        " WHERE name = 'pass:dispatcher'"
+    )
+    return float(found[0][0]) if found else 0.0
+
+
+def sends(run_id: int) -> list[tuple[datetime, int]]:
+    """Each send of the run's children: its time and how many it sent."""
+    return [
+        (at, int(n))  # type: ignore[call-overload]
+        for at, n in query(
+            "SELECT sent_at, count(*) FROM dtask_children WHERE run_id = :r"
+            " AND sent_at IS NOT NULL GROUP BY 1 ORDER BY 1",
+            r=run_id,
+        )
+    ]

@@ -312,3 +312,19 @@ def test_a_lone_child_s_success_releases_what_waits_for_its_run(world: World) ->
     assert started is not None
     assert world.runs.finish_alone(run_id, Finished(started, None, None)) == [down]
     assert world.state(down) is RunState.PENDING
+
+
+def test_a_run_s_first_child_time_says_whether_children_wait_to_be_sized(world: World) -> None:
+    """``note_time`` is True once: at a run's first measured time while children of it wait
+    unsent (the worker then passes at once: lifecycle.note_time)."""
+    waiting, sent = world.waiting(5), world.waiting(2)
+    with world.turn() as turn:
+        assert turn is not None
+        assert len(turn.take(sent, 2)) == 2
+    assert world.children.note_time(waiting, 0.002) is True
+    assert world.children.note_time(waiting, 0.004) is False  # measured already
+    assert world.children.note_time(sent, 0.002) is False  # nothing waits
+    with world.turn() as turn:
+        assert turn is not None
+        [d] = [d for ds in turn.demands().values() for d in ds if d.run_id == waiting]
+    assert d.child_seconds is not None and abs(d.child_seconds - 0.0026) < 1e-9

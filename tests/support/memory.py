@@ -219,12 +219,14 @@ class MemoryChildren:
             row = self._owned(claim, "finish")
             self._succeed(row, final_checkpoint, result, claim.uncounted, output)
 
-    def note_time(self, run_id: int, seconds: float) -> None:
+    def note_time(self, run_id: int, seconds: float) -> bool:
         with self.t.lock:
             run = self.t.runs.get(run_id)
-            if run is not None:
-                before = run.child_seconds
-                run.child_seconds = seconds if before is None else 0.7 * before + 0.3 * seconds
+            if run is None:
+                return False
+            before = run.child_seconds
+            run.child_seconds = seconds if before is None else 0.7 * before + 0.3 * seconds
+            return before is None and run.unsent > 0
 
     def any_unfinished(self, run_id: int) -> bool:
         with self.t.lock:
