@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 from dtask.client.runs import Run, submit
+from dtask.client.transactions import is_django_connection
 
 # Submits of one process in flight at once; the rest wait their turn on the loop. A submit is
 # mostly Python (the GIL's): each thread more takes the loop's turns, not the machine's cores.
@@ -43,7 +44,16 @@ async def asubmit(
     template: str, variables: dict[str, Any], key: str | None = None, **options: Any
 ) -> Run:
     """``dtask.submit`` for asyncio code: the same arguments, result and errors, without
-    blocking the event loop. The caller's context (contextvars: a trace's span) goes along."""
+    blocking the event loop. The caller's context (contextvars: a trace's span) goes along.
+
+    On Django's connection (``using=``, or a Django ``connection=``) it runs where an async
+    view's sync calls run (asgiref's ``sync_to_async(thread_sensitive=True)``): a Django
+    connection belongs to its thread, and in a submit thread Django opened one of its own,
+    apart from the view's and never closed."""
     call = partial(submit, template, variables, key, **options)
+    if options.get("using") is not None or is_django_connection(options.get("connection")):
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(call, thread_sensitive=True)()
     context = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(_executor(), context.run, call)

@@ -78,7 +78,7 @@ def written_on(using: str | None, connection: Any) -> Iterator[Written]:
     with dtask's tables."""
     if using is not None and connection is not None:
         raise ConfigurationError("submit takes using= (a Django database alias) or connection=")
-    if connection is not None and _is_django_connection(connection):
+    if connection is not None and is_django_connection(connection):
         using, connection = connection.alias, None
     expected = database_name(services.database_url())
     if using is None:
@@ -104,6 +104,6 @@ def written_on(using: str | None, connection: Any) -> Iterator[Written]:
             yield Written(conn, using)
 
 
-def _is_django_connection(connection: Any) -> bool:
+def is_django_connection(connection: Any) -> bool:
     module = type(connection).__module__
     return module.startswith("django.") and hasattr(connection, "alias")

@@ -132,6 +132,41 @@ def test_a_committed_transaction_s_runs_run_to_the_end(env: dict[str, str], work
     assert results == [28, 36, 45, 55]
 
 
+ASYNC = """
+import asyncio, json
+from asgiref.sync import sync_to_async
+from django.db import connection
+from django.db.backends.signals import connection_created
+import dtask
+
+opened = []  # each new Django connection of this process: its alias
+connection_created.connect(lambda connection, **_: opened.append(connection.alias), weak=False)
+
+def in_django(name, *args):  # where an async view's sync calls run: its connection's thread
+    return sync_to_async(lambda: getattr(connection, name)(*args), thread_sensitive=True)()
+
+async def view():
+    await in_django("ensure_connection")  # the view has read the database
+    run = await dtask.asubmit("report_range", {"n": 11, "delay": 0}, using="default")
+    other = await dtask.asubmit("report_range", {"n": 12, "delay": 0}, connection=connection)
+    return run.id, other.id
+
+run, other = asyncio.run(view())
+print(json.dumps({"run": run, "other": other, "opened": opened}))
+"""
+
+
+def test_asubmit_on_django_s_connection_from_an_async_view(
+    env: dict[str, str], worker: Celery
+) -> None:
+    """``await dtask.asubmit(..., using=...)`` (or a Django ``connection=``) in an async view
+    writes on the connection Django's own sync calls use, in their thread: it opens none of
+    its own (before: each submit thread opened one, never closed)."""
+    seen = _in_django(env, ASYNC)
+    assert seen["opened"] == ["default"]
+    assert [dtask.get_run(seen[k]).get(timeout=90) for k in ("run", "other")] == [66, 78]
+
+
 @pytest.mark.parametrize("switch", ["dtask", "celery"])
 def test_the_project_s_tests_run_templates_in_test_mode(env: dict[str, str], switch: str) -> None:
     """`manage.py test` with CELERY_DTASK_EAGER (or Celery's CELERY_TASK_ALWAYS_EAGER) in its
