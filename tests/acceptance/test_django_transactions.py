@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -165,6 +166,37 @@ def test_asubmit_on_django_s_connection_from_an_async_view(
     seen = _in_django(env, ASYNC)
     assert seen["opened"] == ["default"]
     assert [dtask.get_run(seen[k]).get(timeout=90) for k in ("run", "other")] == [66, 78]
+
+
+KEYED = """
+import json
+from django.db import transaction
+import dtask
+
+key = dict(concurrency_key="django-export", max_concurrent=1)
+ids = []
+with transaction.atomic():  # the team's view: two exports in its transaction
+    for n in (13, 14):
+        run = dtask.submit("report_range", {"n": n, "delay": 0.03}, using="default", **key)
+        ids.append(run.id)
+ids.append(dtask.submit("report_range", {"n": 15, "delay": 0.03}, **key).id)
+print(json.dumps({"ids": ids}))
+"""
+
+
+def test_a_concurrency_key_holds_in_the_django_project(env: dict[str, str], worker: Celery) -> None:
+    """Runs of one concurrency key submitted from the project (two in its transaction, one
+    after) run one at a time on its plain `celery -A proj worker`, each after the one before."""
+    seen = _in_django(env, KEYED)
+    results = [dtask.get_run(i).get(timeout=120) for i in seen["ids"]]
+    assert results == [91, 105, 120]
+    with services.store().db.tx() as conn:
+        spans = conn.execute(
+            text("SELECT started_at, finished_at FROM dtask_runs WHERE id = ANY(:ids) ORDER BY id"),
+            {"ids": seen["ids"]},
+        ).all()
+    for before, after in pairwise(spans):
+        assert after.started_at >= before.finished_at, spans
 
 
 @pytest.mark.parametrize("switch", ["dtask", "celery"])
