@@ -5,8 +5,9 @@ other checkouts of dtask (``git worktree add``), alternating, for a before/after
 
     .venv/bin/python -m bench.startup [--rounds 5] [--trees /tmp/before,.]
 
-Its services are an embedded PostgreSQL and Redis under a temporary DTASK_HOME, started once
-(not timed)."""
+Each tree's services are an embedded PostgreSQL and Redis under a temporary DTASK_HOME of its
+own, started once (not timed); a command that fails has
+its exit code beside its figure."""
 
 from __future__ import annotations
 
@@ -37,13 +38,15 @@ def _children_cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def command_cpu(tree: Path, env: dict[str, str], argv: list[str]) -> float:
+def command_cpu(tree: Path, env: dict[str, str], argv: list[str]) -> tuple[float, int]:
+    """The command's CPU seconds and exit code (an older tree on a newer tree's database
+    failed at once, and looked fast: its figure is marked)."""
     before = _children_cpu()
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "dtask.cli", *argv],
         cwd=tree, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, check=False,
     )  # fmt: skip
-    return _children_cpu() - before
+    return _children_cpu() - before, done.returncode
 
 
 def worker_start_cpu(tree: Path, env: dict[str, str], log: Path) -> float:
@@ -71,28 +74,31 @@ def main() -> int:
     parser.add_argument("--trees", default=".", help="checkouts of dtask, comma-separated")
     args = parser.parse_args()
     trees = [Path(t).resolve() for t in args.trees.split(",")]
-    home = Path(tempfile.mkdtemp(prefix="dtask-startup-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
-    env |= {"DTASK_HOME": str(home), "DTASK_TEMPLATES": "tests.support.templates"}
-    # services started and run 1 made, untimed
-    subprocess.run(
-        [sys.executable, "-m", "dtask.cli", *COMMANDS[-1]],
-        cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, check=True,
-    )  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    base["DTASK_TEMPLATES"] = "tests.support.templates"
+    # each tree its own home: an older tree refuses a database a newer one migrated
+    envs = {
+        tree: {**base, "DTASK_HOME": tempfile.mkdtemp(prefix="dtask-startup-")} for tree in trees
+    }
     seen: dict[tuple[Path, str], list[float]] = {}
     try:
+        for tree, env in envs.items():  # services started and run 1 made, untimed
+            if command_cpu(tree, env, COMMANDS[-1])[1]:
+                raise SystemExit(f"{tree}: the first submit failed")
         for _ in range(args.rounds):
-            for tree in trees:
+            for tree, env in envs.items():
                 for argv in COMMANDS:
-                    cpu = command_cpu(tree, env, argv)
-                    seen.setdefault((tree, argv[0]), []).append(cpu)
-                cpu = worker_start_cpu(tree, env, home / "worker.log")
+                    cpu, code = command_cpu(tree, env, argv)
+                    what = argv[0] if code == 0 else f"{argv[0]} (exit {code})"
+                    seen.setdefault((tree, what), []).append(cpu)
+                cpu = worker_start_cpu(tree, env, Path(env["DTASK_HOME"]) / "worker.log")
                 seen.setdefault((tree, "worker to ready"), []).append(cpu)
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "dtask.cli", "down", "--force"],
-            cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, check=False,
-        )  # fmt: skip
+        for tree, env in envs.items():
+            subprocess.run(
+                [sys.executable, "-m", "dtask.cli", "down", "--force"],
+                cwd=tree, env={**env, "PYTHONPATH": str(tree)}, capture_output=True, check=False,
+            )  # fmt: skip
     print(f"CPU seconds, median (min-max) of {args.rounds}:")
     for (tree, what), cpus in seen.items():
         print(
