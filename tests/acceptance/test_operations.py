@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -80,7 +82,13 @@ def test_rerun_of_a_failed_run_reruns_only_the_failed_child_from_its_checkpoint(
     assert failed.children.failed == 1 and failed.children.succeeded == 2
 
     (sink / f"block-{run_id}").unlink()
-    first, second = run.rerun(), run.rerun()  # the second finds the rerun under way
+    for w in workers:  # frozen: the rerun's child (ten items) cannot finish between the two
+        os.killpg(w.proc.pid, signal.SIGSTOP)
+    try:
+        first, second = run.rerun(), run.rerun()  # the second finds the rerun under way
+    finally:
+        for w in workers:
+            os.killpg(w.proc.pid, signal.SIGCONT)
     assert first.state in (dtask.RunState.SPLITTING, dtask.RunState.RUNNING)
     assert second.state in (dtask.RunState.SPLITTING, dtask.RunState.RUNNING)
     status = run.wait(timeout=60)
