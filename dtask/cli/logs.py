@@ -27,7 +27,11 @@ def register(sub: Any) -> None:
     logs.add_argument(
         "-f", "--follow", action="store_true", help="print what they print until the run ends"
     )
-    logs.add_argument("--timeout", type=timeout, help="with --follow: stop after SECONDS")
+    logs.add_argument(
+        "--timeout",
+        type=timeout,
+        help="with --follow: stop after SECONDS (default: follow until the run ends)",
+    )
     logs.add_argument("--limit", type=limit, default=100, help="children at most, without --child")
     logs.add_argument("--json", action="store_true", help="one JSON array of the attempts")
 

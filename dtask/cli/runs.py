@@ -104,7 +104,11 @@ def register(sub: Any) -> None:
         ' {"variables": {...}, "key": "..."}; --var values are every line\'s defaults',
     )
     submit.add_argument("--wait", action="store_true", help="wait until the run has finished")
-    submit.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
+    submit.add_argument(
+        "--timeout",
+        type=timeout,
+        help="with --wait: give up after SECONDS (default: wait for ever)",
+    )
     submit.add_argument("--json", action="store_true", help="print the run as one JSON object")
     submit.add_argument(
         "-q", "--quiet", action="store_true", help="print only the run's id (for --after $(...))"
@@ -115,7 +119,11 @@ def register(sub: Any) -> None:
     status.add_argument("run_id", type=run_id)
     status.add_argument("--json", action="store_true")
     status.add_argument("--watch", action="store_true", help="follow the run until it finishes")
-    status.add_argument("--timeout", type=timeout, help="with --watch: give up after SECONDS")
+    status.add_argument(
+        "--timeout",
+        type=timeout,
+        help="with --watch: give up after SECONDS (default: watch for ever)",
+    )
     status.add_argument(
         "--child", type=child_index, metavar="N", help="show child N: its spec, error and traceback"
     )
@@ -126,7 +134,11 @@ def register(sub: Any) -> None:
     result.set_defaults(handler=_cmd_result, reads_only=True)
     result.add_argument("run_id", type=run_id)
     result.add_argument("--wait", action="store_true", help="wait until the run has finished")
-    result.add_argument("--timeout", type=timeout, help="with --wait: give up after SECONDS")
+    result.add_argument(
+        "--timeout",
+        type=timeout,
+        help="with --wait: give up after SECONDS (default: wait for ever)",
+    )
 
     for name, text, handler in (
         (

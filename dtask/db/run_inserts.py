@@ -160,7 +160,7 @@ def key_conflict(key: str, run_id: int, differs: list[str]) -> KeyConflict:
     """A key's run asked for with another template, variables or upstreams (``differs``);
     the client's own run, though its variables are not shown all the same."""
     return KeyConflict(
-        f"key {key!r} already triggered run {run_id} with another {' and '.join(differs)};"
+        f"key {key!r} already triggered run {run_id} with different {' and '.join(differs)};"
         " use another key for another run"
     )
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtask import services
-from dtask.exceptions import ConfigurationError, DtaskError
+from dtask.exceptions import ConfigurationError, DtaskError, Invalid
 from dtask.local import supervisor
-from dtask.local.supervisor import Backoff, exited, rotate
+from dtask.local.supervisor import Backoff, exited, last_error, rotate
 from dtask.services import embedded
 from dtask.services.extras import require
 from dtask.settings import Settings, load, mask
@@ -146,6 +146,10 @@ class Stack:
         return f"http://{host}:{self.flower_port}/"
 
     def start(self) -> None:
+        if self.flower and self.api and self.flower_port == self.api_port:
+            raise Invalid(
+                f"--flower-port and --api-port are both {self.api_port}: give them different ports"
+            )
         if self.flower:
             require("flower", "flower", "Flower (or start without it: dtask up --no-flower)")
         if self.api:
@@ -261,8 +265,8 @@ class Stack:
         for child in self.children:
             while not self._ready(child):
                 if child.proc.poll() is not None:
-                    tail = "; ".join(child.output().strip().splitlines()[-3:])
-                    raise DtaskError(f"{child.name} exited at start: {tail} (see {child.log})")
+                    error = last_error(child.output())[:300]
+                    raise DtaskError(f"{child.name} exited at start: {error} (see {child.log})")
                 if time.monotonic() > deadline:
                     raise DtaskError(
                         f"{child.name} not ready after {timeout:g} s (see {child.log})"

@@ -13,6 +13,7 @@ import ctypes
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 from collections.abc import Callable, Iterator
@@ -65,15 +66,24 @@ def exit_status(code: int) -> str:
     return f"exit code {code}"
 
 
+_ERROR = re.compile(r"error|errno|exception|refused|denied|not found", re.IGNORECASE)
+
+
+def last_error(output: str) -> str:
+    """The line of a process's output that says why it failed: the last that names an error
+    (uvicorn's "[Errno 98] ... address already in use" comes before its shutdown lines; a
+    traceback's last line is its error), else the last line it wrote."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if _ERROR.search(ln)), lines[-1] if lines else "")
+
+
 def exited(
     name: str, code: int, uptime: float, output: str, log: Path, backoff: Backoff
 ) -> tuple[str, float]:
     """One line on a process that exited: how, the last line it wrote when it failed (a
     traceback's last line is the error; in a crash loop, said once), and when it is started
     again; and the seconds until then (``backoff`` moves on)."""
-    error = ""
-    if code > 0:
-        error = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "")
+    error = last_error(output) if code > 0 else ""
     delay = backoff.next(uptime)
     again = backoff.in_a_row > 1 and error == backoff.said
     backoff.times = backoff.times + 1 if again else 1

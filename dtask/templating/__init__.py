@@ -7,10 +7,11 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from dtask import settings
-from dtask.exceptions import ConfigurationError
+from dtask.exceptions import ConfigurationError, DtaskError
 from dtask.settings import Settings
 
 _loaded_templates = False
@@ -52,7 +53,23 @@ def load_templates(config: Settings | None = None) -> None:
                 f"DTASK_TEMPLATES names {module!r}, which has a syntax error:"
                 f" {exc.filename}:{exc.lineno}: {exc.msg}"
             ) from None
+        except DtaskError:
+            raise  # a template declared wrongly: its own one line
+        except Exception as exc:  # the module's own code failed as it was imported
+            raise ConfigurationError(
+                f"DTASK_TEMPLATES names {module!r}, which raised {type(exc).__name__} as it"
+                f" was imported ({_users_line(exc)}): {exc}"
+            ) from None
     _loaded_templates = True
+
+
+def _users_line(exc: BaseException) -> str:
+    """Where the user's code raised: the deepest frame outside Python's and the installed
+    packages' files (a KeyError of ``os.environ[...]`` names the template module's line)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = (sys.prefix, sys.base_prefix, "<")
+    ours = [f for f in frames if not f.filename.startswith(outside)] or frames
+    return f"{ours[-1].filename}:{ours[-1].lineno}"
 
 
 def reset() -> None:

@@ -97,6 +97,10 @@ CASES: list[tuple[list[str], str]] = [
     (["status", "1", "--watch", "--timeout", "nan"], "argument --timeout: 'nan' is not a"),
     (["flower", "--port", "70000"], "argument --port: '70000' is not a TCP port (1 to 65,535)"),
     (["up", "--flower-port", "70000"], "argument --flower-port: '70000' is not a TCP port"),
+    (
+        ["up", "--flower-port", "17777", "--api-port", "17777"],
+        "--flower-port and --api-port are both 17777: give them different ports",
+    ),
     (["schedule", "show", "a\x01b"], "no schedule named 'a\\x01b'"),
     (["frobnicate"], "invalid choice"),
     (["worker", "--bogus"], "worker: No such option"),  # Celery's own options: last, it

@@ -76,6 +76,13 @@ def test_a_template_module_found_in_the_current_folder_and_its_syntax_error_in_o
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     one_line(broken, 2, "DTASK_TEMPLATES names 'broken', which has a syntax error")
+    (tmp_path / "raising.py").write_text("import os\nos.environ['MYJOBS_TOKEN']\n")
+    raising = subprocess.run(
+        [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": "raising"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    one_line(raising, 2, "DTASK_TEMPLATES names 'raising', which raised KeyError as it was")
+    assert "raising.py:2" in raising.stderr
 
 
 def test_a_template_defined_in_the_script_being_run_is_refused(

@@ -137,7 +137,7 @@ def test_a_resubmit_returns_the_same_run_only_with_the_same_upstreams(world: Wor
     key = f"test:{uuid.uuid4()}"
     first = create(world, (a, b), key=key)
     assert create(world, (b, a), key=key) == first
-    with pytest.raises(KeyConflict, match=rf"already triggered run {first} with another"):
+    with pytest.raises(KeyConflict, match=rf"already triggered run {first} with different"):
         create(world, (a,), key=key)
     assert world.runs.ids_by_key([key]) == {key: first}
 

@@ -100,7 +100,7 @@ class MemoryRuns:
         ]
         if differs:
             raise KeyConflict(
-                f"key {run.key!r} already triggered run {existing.id} with another"
+                f"key {run.key!r} already triggered run {existing.id} with different"
                 f" {' and '.join(differs)}; use another key for another run"
             )
         return existing.id, False

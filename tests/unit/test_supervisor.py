@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from dtask.exceptions import StackRunning
 from dtask.local import supervisor
-from dtask.local.supervisor import RESTART_DELAYS, STEADY, Backoff, exited, rotate
+from dtask.local.supervisor import (
+    RESTART_DELAYS,
+    STEADY,
+    Backoff,
+    exited,
+    last_error,
+    rotate,
+)
 
 LOG = Path("/home/x/.dtask/logs/worker-1.log")
 
@@ -48,6 +55,24 @@ def test_a_kill_says_its_signal_and_a_failure_its_last_line_once_in_a_loop() -> 
     assert ", the same error (2 times in a row); restarting it in 4 s" in said
     said, _ = exited("worker-1", 1, 0.9, "NameError: x\n", LOG, backoff)
     assert ": NameError: x; restarting it in 8 s" in said
+
+
+UVICORN = """INFO:     Started server process [4242]
+INFO:     Waiting for application startup.
+INFO:     Application startup complete.
+ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 17777): address \
+already in use
+INFO:     Waiting for application shutdown.
+INFO:     Application shutdown complete.
+"""
+
+
+def test_the_line_that_says_why_comes_before_a_server_s_shutdown_lines() -> None:
+    assert last_error(UVICORN).startswith("ERROR:    [Errno 98] error while attempting to bind")
+    assert last_error("starting\nstopped\n") == "stopped"  # no error named: the last line
+    assert last_error("") == ""
+    said, _ = exited("api", 1, 0.5, UVICORN, LOG, Backoff())
+    assert ": ERROR:    [Errno 98]" in said
 
 
 WRITER = """
