@@ -166,7 +166,10 @@ def test_two_clients_share_the_slots(
     share = both.count(second) / len(both)
     print(f"\nsecond run: first child {waited:.2f} s after submit; {share:.0%} of the next starts")
     assert waited < 2.0
-    assert 0.4 <= share <= 0.6
+    # stride scheduling alternates the two clients' sends; the starts of four pool processes
+    # on a loaded machine stray from that (61 % once, in a clean-clone run beside other
+    # suites). Without the fair share the newcomer gets its backlog's part or none.
+    assert 0.35 <= share <= 0.65
     wait_for(lambda: state(first) == state(second) == "succeeded", 120, "both runs")
 
 
