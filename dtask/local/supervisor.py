@@ -69,11 +69,12 @@ def exit_status(code: int) -> str:
 _ERROR = re.compile(r"error|errno|exception|refused|denied|not found", re.IGNORECASE)
 
 
-def last_error(output: str) -> str:
-    """The line of a process's output that says why it failed: the last that names an error
-    (uvicorn's "[Errno 98] ... address already in use" comes before its shutdown lines; a
-    traceback's last line is its error), else the last line it wrote."""
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+def last_error(output: str, within: int = 10) -> str:
+    """The line of a process's output that says why it failed: of its last ``within`` lines,
+    the last that names an error (uvicorn's "[Errno 98] ... address already in use" comes
+    before its shutdown lines; a traceback's last line is its error), else its last line. Only
+    the last few: a worker's log holds its children's errors of hours before."""
+    lines = [ln.strip() for ln in output.splitlines()[-4 * within :] if ln.strip()][-within:]
     return next((ln for ln in reversed(lines) if _ERROR.search(ln)), lines[-1] if lines else "")
 
 

@@ -71,6 +71,8 @@ def test_the_line_that_says_why_comes_before_a_server_s_shutdown_lines() -> None
     assert last_error(UVICORN).startswith("ERROR:    [Errno 98] error while attempting to bind")
     assert last_error("starting\nstopped\n") == "stopped"  # no error named: the last line
     assert last_error("") == ""
+    old = "[ERROR] child 3 failed: RuntimeError\n" + "ok\n" * 20 + "Worker stopped\n"
+    assert last_error(old) == "Worker stopped"  # an error of long before is not the cause
     said, _ = exited("api", 1, 0.5, UVICORN, LOG, Backoff())
     assert ": ERROR:    [Errno 98]" in said
 
