@@ -70,19 +70,17 @@ def test_a_template_module_found_in_the_current_folder_and_its_syntax_error_in_o
             [DTASK, *argv], cwd=tmp_path, env=without, capture_output=True, text=True, timeout=60
         )
         assert named.returncode == 0 and "cube_sum" in named.stdout, named.stderr
-    (tmp_path / "broken.py").write_text("def oops(:\n")
-    broken = subprocess.run(
-        [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": "broken"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    one_line(broken, 2, "DTASK_TEMPLATES names 'broken', which has a syntax error")
-    (tmp_path / "raising.py").write_text("import os\nos.environ['MYJOBS_TOKEN']\n")
-    raising = subprocess.run(
-        [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": "raising"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    one_line(raising, 2, "DTASK_TEMPLATES names 'raising', which raised KeyError as it was")
-    assert "raising.py:2" in raising.stderr
+    for module, code, says in (
+        ("broken", "def oops(:\n", "which has a syntax error"),
+        ("raising", "import os\nos.environ['MYJOBS_TOKEN']\n", "which raised KeyError as it"),
+    ):
+        (tmp_path / f"{module}.py").write_text(code)
+        done = subprocess.run(
+            [DTASK, "templates"], cwd=tmp_path, env={**env, "DTASK_TEMPLATES": module},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        one_line(done, 2, f"DTASK_TEMPLATES names {module!r}, {says}")
+        assert f"{module}.py:" in done.stderr  # the line to fix
 
 
 def test_a_template_defined_in_the_script_being_run_is_refused(
