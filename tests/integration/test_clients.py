@@ -195,7 +195,7 @@ def test_a_key_submitted_twice_in_one_statement_returns_the_same_run(store: Stor
     again = store.runs.create_run(NewRun("t", key, {"n": 1}, 3, None))
     assert (first.created, again.created) == (True, False)
     assert again.id == first.id and again.state is first.state is RunState.PENDING
-    with pytest.raises(KeyConflict, match="another variables"):
+    with pytest.raises(KeyConflict, match="different variables"):
         store.runs.create_run(NewRun("t", key, {"n": 2}, 3, None))
     later = store.runs.create_run(NewRun("t", f"test:{uuid.uuid4()}", {}, 3, None, start_in=600))
     assert 590 < later.starts_in <= 600
