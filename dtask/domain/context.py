@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -94,9 +95,15 @@ class ChildContext:
         max_checkpoint: int | None = None,
         stealable: Stealable | None = None,
         echo: Callable[[str], None] | None = None,
+        output: Callable[[str], object] | None = None,
+        max_output_line: int = 65_536,
+        max_result: int | None = None,
     ) -> None:
         self.run_id = run_id
         self._echo = echo  # where ctx.log's lines are kept besides the log (the attempt's)
+        self._output = output
+        self.max_output_line = max_output_line  # DTASK_MAX_OUTPUT_LINE
+        self.max_result = max_result  # DTASK_MAX_CHILD_RESULT
         self.index = index
         self.attempt = attempt
         self.template = template
@@ -129,6 +136,18 @@ class ChildContext:
             {"template": self.template, "run": self.run_id, "child": self.index},
             self._echo,
         )
+
+    @property
+    def max_checkpoint(self) -> int | None:
+        return self._max_checkpoint
+
+    def output(self, text: str) -> None:
+        """What the child prints, as ``print`` would: kept with its attempt (`dtask logs`) and
+        written to the worker's log, at most DTASK_MAX_CHILD_LOG characters of it an attempt."""
+        if self._output is None:
+            sys.stdout.write(text)
+        else:
+            self._output(text)
 
     @property
     def checkpoint_state(self) -> Any:

@@ -12,11 +12,13 @@ parameter is one line naming the file and the key::
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dtask import settings
 from dtask.domain.clients import Tier
 from dtask.domain.commands import GRACE, Command
 from dtask.domain.params import Param
@@ -28,9 +30,10 @@ from dtask.templating.commands import CommandChild
 TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 KEYS = {
     "params", "skeleton", "split", "command", "shell", "env", "cwd", "grace", "queue", "tier",
-    "max_attempts", "execution_cap", "delay_tolerance", "stealable",
+    "max_attempts", "execution_cap", "delay_tolerance", "stealable", "env_pass", "protocol",
 }  # fmt: skip
 SPLIT_KEYS = {"range", "chunk", "parts", "carry"}
+MAX_GRACE = 3600  # seconds from SIGTERM to SIGKILL: an hour, like the other stop bounds
 
 
 def load(path: Path) -> list[Template]:
@@ -42,6 +45,10 @@ def load(path: Path) -> list[Template]:
         raise TemplateDefinitionError(f"{path}: cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise TemplateDefinitionError(f"{path}: not TOML: {exc}") from None
+    except ValueError as exc:  # an integer past Python's 4,300 digits
+        raise TemplateDefinitionError(f"{path}: not readable TOML: {exc}") from None
+    except RecursionError:
+        raise TemplateDefinitionError(f"{path}: not readable TOML: nested too deep") from None
     extra = sorted(set(data) - {"template"})
     if extra:
         raise TemplateDefinitionError(
@@ -77,8 +84,10 @@ def _template(path: Path, name: str, table: Any) -> Template:
             argv=tuple(get("command", list)),
             shell=get("shell", bool, False),
             env={k: _text(where, f"env.{k}", v) for k, v in get("env", dict, {}).items()},
+            env_pass=_passed(where, get("env_pass", list, [])),
+            protocol=get("protocol", str, "fd"),
             cwd=str((path.parent / cwd) if cwd is not None else path.parent),
-            grace=float(get("grace", (int, float), GRACE)),
+            grace=_grace(where, get("grace", (int, float), GRACE)),
             stealable=get("stealable", bool, False),
         ),
     )
@@ -136,6 +145,29 @@ def _text(where: str, key: str, value: Any) -> str:
     if not isinstance(value, str):
         raise TemplateDefinitionError(f"{where}: {key} must be a string, got {value!r:.60}")
     return value
+
+
+def _grace(where: str, value: float) -> float:
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not 0 <= seconds <= MAX_GRACE:
+        raise TemplateDefinitionError(
+            f"{where}: grace must be 0 to {MAX_GRACE:,} seconds, got {str(value)[:40]}"
+        )
+    return seconds
+
+
+def _passed(where: str, names: list[Any]) -> tuple[str, ...]:
+    for name in names:
+        text = _text(where, "env_pass", name)
+        if text.upper() in settings.KNOWN or text.upper().startswith("DTASK_SECRETS"):
+            raise TemplateDefinitionError(
+                f"{where}: env_pass: {text} is a dtask setting, never passed to a command"
+                " (a worker's settings hold the database's and the broker's credentials)"
+            )
+    return tuple(names)
 
 
 def _command(where: str, make: Callable[[], Command]) -> Command:

@@ -123,6 +123,13 @@ class Attempt:
             self._failed(exc)
         finally:
             drain.running(None)
+            unlogged = self.printed.unlogged()
+            if unlogged:
+                log.warning(
+                    "%s attempt %s printed %s characters more than this log takes"
+                    " (DTASK_MAX_CHILD_LOG); its last ones: dtask logs %s --child %s",
+                    delivery, claim.attempt, f"{unlogged:,}", delivery.run_id, delivery.index,
+                )  # fmt: skip
 
     def _call(self) -> Any:
         claim, config, options = self.claim, self.config, self.template.options
@@ -147,6 +154,9 @@ class Attempt:
                 self.beat.stop_requested.is_set() or drain.draining() or self.cap.exceeded()
             ),
             echo=self.printed.add,
+            output=self.printed.stream(sys.stdout).write,
+            max_output_line=config.max_output_line,
+            max_result=config.max_child_result,
         )
         if not runaway.in_pool_process():
             return self._function()

@@ -1,7 +1,7 @@
 """What a child printed (stdout, stderr, ``ctx.log``), its last ``limit`` characters
 (DTASK_MAX_CHILD_LOG), kept with its attempt: the heartbeat writes it while the attempt runs
-(`dtask logs --follow`), its end with the attempt's success or failure. What it prints still
-goes to the worker's log."""
+(`dtask logs --follow`), its end with the attempt's success or failure. Its first ``limit``
+characters also go to the worker's log; of the rest, the log gets how many there were."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class Tail:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.written = 0
+        self.logged = 0  # characters passed to the worker's log
         self._chunks: deque[str] = deque()
         self._size = 0
         self._lock = threading.Lock()
@@ -48,6 +49,20 @@ class Tail:
     def stream(self, through: TextIO) -> Through:
         return Through(through, self)
 
+    def loggable(self, text: str) -> str:
+        """The part of ``text`` the worker's log still takes (all of it until ``limit``
+        characters were logged), counted as logged."""
+        with self._lock:
+            room = max(self.limit - self.logged, 0)
+            shown = text[:room]
+            self.logged += len(shown)
+            return shown
+
+    def unlogged(self) -> int:
+        """Characters printed that the worker's log did not take."""
+        with self._lock:
+            return self.written - self.logged
+
 
 class Through(io.TextIOBase):
     """A stdout (or stderr) that writes through to ``through`` and into the tail."""
@@ -60,7 +75,9 @@ class Through(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        self.through.write(text)
+        shown = self.tail.loggable(text)
+        if shown:
+            self.through.write(shown)
         self.tail.add(text)
         return len(text)
 

@@ -190,8 +190,8 @@ def test_a_stealable_command_reads_its_ranges_end_back_after_each_checkpoint(
     )  # fmt: skip
     script = (
         'to=$1; i=$0; while [ "$i" -le "$to" ]; do echo "did $i"; i=$((i + 1));'
-        ' if [ $((i % 5)) -eq 1 ]; then echo "::checkpoint {\\"done\\": $((i - 1))}";'
-        ' read -r to; fi; done; echo "::result $to"'
+        ' if [ $((i % 5)) -eq 1 ]; then echo "::checkpoint {\\"done\\": $((i - 1))}" >&3;'
+        ' read -r to; fi; done; echo "::result $to" >&3'
     )
     command = Command(("/bin/sh", "-c", script, "${a}", "${b}"), stealable=True)
     assert CommandChild(command, "t")(ctx, a=1, b=40) == 25
@@ -213,7 +213,8 @@ def test_a_stealable_command_that_never_reads_its_stdin_runs_to_its_end() -> Non
         checkpoint_every=100, stealable=Stealable(1, 10**12, lambda at: False),
     )  # fmt: skip
     script = (
-        'i=0; while [ "$i" -lt 20000 ]; do echo "::checkpoint {\\"done\\": $i}"; i=$((i + 1)); done'
+        'i=0; while [ "$i" -lt 20000 ]; do echo "::checkpoint {\\"done\\": $i}" >&3;'
+        " i=$((i + 1)); done"
     )
     CommandChild(Command(("/bin/sh", "-c", script), stealable=True), "t")(ctx)
     assert len(written) == 20000  # 20,000 replies of 14 bytes: four times a pipe's 64 KiB

@@ -17,10 +17,26 @@ def test_it_writes_through_and_keeps_the_last_characters() -> None:
     for i in range(100):
         print(f"line {i}", file=out)
     out.write("partial")
-    assert through.getvalue().endswith("line 99\npartial")
+    printed = "".join(f"line {i}\n" for i in range(100)) + "partial"
+    assert through.getvalue() == printed[:100]  # the worker's log: the first ones
+    assert tail.unlogged() == len(printed) - 100
     kept, skipped = tail.kept()
-    assert kept is not None and kept.endswith("line 99\npartial") and len(kept) == 100
-    assert skipped == len(through.getvalue()) - 100 == tail.written - 100
+    assert kept == printed[-100:]  # `dtask logs`: the last ones
+    assert skipped == len(printed) - 100 == tail.written - 100
+
+
+@given(st.lists(st.text(max_size=3000), max_size=50), st.integers(min_value=0, max_value=5000))
+def test_the_log_gets_the_first_characters_and_a_count_of_the_rest(
+    chunks: list[str], limit: int
+) -> None:
+    through = io.StringIO()
+    tail = Tail(limit)
+    out = tail.stream(through)
+    for chunk in chunks:
+        out.write(chunk)
+    printed = "".join(chunks)
+    assert through.getvalue() == printed[:limit]
+    assert tail.unlogged() == len(printed) - len(printed[:limit])
 
 
 @given(st.lists(st.text(max_size=3000), max_size=50), st.integers(min_value=0, max_value=5000))

@@ -2,7 +2,7 @@
 # A command template's script (tests/acceptance/test_commands.py): prints its numbers FROM..TO
 # into the test sink, one a DELAY, checkpointing every 100; resumes from DTASK_CHECKPOINT;
 # exits 3 at the number FAIL; writes TAG, as it got it, beside its numbers; says each number on
-# its stdout, and what it counted at its end.
+# its stdout, and what it counted at its end; its protocol lines go to fd 3.
 from=$2 to=$4 tag=$6 fail=$8
 next=$from
 case "$DTASK_CHECKPOINT" in
@@ -21,8 +21,8 @@ while [ "$i" -le "$to" ]; do
   sleep "$DELAY"
   i=$((i + 1))
   if [ $(((i - from) % 100)) -eq 0 ]; then
-    echo "::checkpoint {\"next\": $i}"
+    echo "::checkpoint {\"next\": $i}" >&3
   fi
 done
 echo "counted $from..$to"
-echo "::result {\"count\": $((to - from + 1))}"
+echo "::result {\"count\": $((to - from + 1))}" >&3

@@ -16,7 +16,7 @@ while [ "$i" -le "$to" ]; do
   i=$((i + 1))
   done=$((done + 1))
   if [ $((done % 5)) -eq 0 ]; then
-    echo "::checkpoint {\"done\": $done}"
+    echo "::checkpoint {\"done\": $done}" >&3
     if read -r end; then to=$end; fi
   fi
 done
