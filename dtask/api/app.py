@@ -13,8 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from dtask import services
 from dtask.api import errors, metrics, runs, schedules, traces
 from dtask.api.auth import Admin, Caller
+from dtask.api.guard import Guard
 
 PREFIX = "/api/v1"
+OPEN = {f"{PREFIX}/openapi.json", f"{PREFIX}/docs"}  # they describe the API: no data
 DASHBOARD = Path(__file__).with_name("dashboard")
 # The page loads only its own script and style and talks only to this server; no framing.
 PAGE_HEADERS = {
@@ -70,6 +72,13 @@ async def list_clients(token: Admin) -> list[dict[str, Any]]:
     return [c.as_json() for c in found]
 
 
+def needs_token(path: str) -> bool:
+    """Every path of the API and /metrics, known or not, but those in OPEN; the dashboard's
+    files are the page's own (its data comes from the API)."""
+    api = path == PREFIX or path.startswith(f"{PREFIX}/") or path == "/metrics"
+    return api and path not in OPEN
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
         title="dtask",
@@ -98,4 +107,6 @@ def create_app() -> FastAPI:
     app.include_router(metrics.router)
     # Last: the dashboard answers every path the API does not (its data needs a token).
     app.mount("/", StaticFiles(directory=DASHBOARD, html=True), name="dashboard")
+    # Added last, so outermost: nothing before it reads a body (docs/api.md, "Request bodies").
+    app.add_middleware(Guard, needs_token=needs_token, headers=PAGE_HEADERS)
     return app

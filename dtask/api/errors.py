@@ -27,7 +27,8 @@ STATUS: list[tuple[type[e.DtaskError], int]] = [  # the first kind an error is d
 
 
 class Refused(e.DtaskError):
-    """The caller may not do this (401 without a valid token, 403 beyond its rights)."""
+    """The caller may not do this (401 without a valid token, 403 beyond its rights, 413 a
+    body over DTASK_API_MAX_BODY)."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -42,6 +43,11 @@ def status_of(error: e.DtaskError) -> int:
 
 def _dtask_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.DtaskError)
+    return response(exc)
+
+
+def response(exc: e.DtaskError) -> JSONResponse:
+    """The error's JSON answer, with the status and headers its kind calls for."""
     body: dict[str, Any] = {"error": str(exc)}
     headers: dict[str, str] = {}
     if isinstance(exc, e.InvalidVariables) and exc.fields:
