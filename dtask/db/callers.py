@@ -198,7 +198,7 @@ def unpooled_store(url: str, limits: Limits) -> Store:
             poolclass=NullPool,
             connect_args={**limits.connect_args(), "application_name": f"dtask:{os.getpid()}"},
         )
-        pooler.watch(engine, limits.pooler, limits.options())
+        pooler.watch(engine, limits.pooler, limits.options(), limits.network_timeout)
         schema.ensure(engine, migrate=True)
         store = Store(Database(engine, limits))
         store.runs = _ChordlessRuns(store.db)

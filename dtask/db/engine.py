@@ -136,7 +136,7 @@ def engine_for(url: str, limits: Limits = Limits()) -> Engine:
                 connect_args=connect_args,
             )
             _ping_idle_connections(engine)
-            pooler.watch(engine, limits.pooler, limits.options())
+            pooler.watch(engine, limits.pooler, limits.options(), limits.network_timeout)
             _engines[key] = engine
         return engine
 

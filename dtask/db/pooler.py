@@ -19,6 +19,8 @@ from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from dtask.db import watchdog
+
 log = logging.getLogger(__name__)
 
 PLANNED_EACH_TIME = "force_custom_plan"  # plan_cache_mode as dtask's startup options set it
@@ -39,24 +41,30 @@ def pooled(info: dict[Any, Any]) -> bool:
     return bool(info.get(POOLED))
 
 
-def watch(engine: Engine, mode: str, options: str) -> None:
+def watch(engine: Engine, mode: str, options: str, network_timeout: float) -> None:
     """Connect ``engine`` as ``mode`` (DTASK_DB_POOLER) says: ``none`` straight to PostgreSQL
     with the startup ``options``, ``transaction`` through a pooler, ``auto`` straight unless
     the server refuses or drops the options (then as through a pooler, said once in the
-    log)."""
+    log). Either way each connection's round trips are bounded by ``network_timeout`` on this
+    process's clock (dtask.db.watchdog)."""
     where = engine.url.render_as_string(hide_password=True)
+
+    def connect(dialect: Any, *cargs: Any, **cparams: Any) -> Any:
+        if dialect.driver != "psycopg":
+            return dialect.connect(*cargs, **cparams)
+        return watchdog.connect(where, network_timeout, *cargs, **cparams)
 
     @event.listens_for(engine, "do_connect")
     def _connect(dialect: Any, record: ConnectionPoolEntry, cargs: Any, cparams: Any) -> Any:
         if mode == "none" or (mode == "auto" and where not in _behind):
             try:
-                return dialect.connect(*cargs, **cparams, options=options)
+                return connect(dialect, *cargs, **cparams, options=options)
             except psycopg.OperationalError as exc:
                 if mode == "none" or "unsupported startup parameter" not in str(exc):
                     raise
                 _found(where, "refused dtask's startup options")
         record.info[POOLED] = True
-        return dialect.connect(*cargs, **cparams, prepare_threshold=None)
+        return connect(dialect, *cargs, **cparams, prepare_threshold=None)
 
     if mode == "auto":
 
