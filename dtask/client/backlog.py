@@ -1,7 +1,8 @@
-"""The backlog caps: DTASK_MAX_BACKLOG unfinished runs per queue (all its tiers), and
-DTASK_MAX_CLIENT_BACKLOG per client. A submit past one is refused at once with ``busy``
-(Busy: exit 4, HTTP 503 with Retry-After), nothing created; a bulk submit's runs past it get
-the outcome ``busy``.
+"""The backlog caps: DTASK_MAX_BACKLOG unfinished runs per queue (all its tiers), shared fairly
+among the clients with runs in it, and DTASK_MAX_CLIENT_BACKLOG per client (the rule:
+``dtask.domain.backlog``). A submit past one is refused at once with ``busy`` (Busy: exit 4,
+HTTP 503 with Retry-After), nothing created; a bulk submit's runs past it get the outcome
+``busy``.
 
 The counts come from PostgreSQL at most once a second per queue and client in each process
 (its own submits are added at once): a cap is exact for one submitter, and a burst from many
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from dtask import services
+from dtask.domain.backlog import Backlog, Cap, room, share
 from dtask.domain.clients import Tier
 from dtask.domain.runs import NewRun
 from dtask.domain.tiers import DEFAULT_QUEUE, base_queue
@@ -28,8 +30,7 @@ RETRY_AFTER = 5.0  # seconds a refused caller is told to wait
 @dataclass
 class _Count:
     at: float
-    queue: int
-    client: int
+    seen: Backlog
 
 
 _counts: dict[tuple[str, str], _Count] = {}
@@ -39,14 +40,11 @@ _lock = threading.Lock()
 def admit(run: NewRun, settings: Settings, wanted: int = 1) -> tuple[int, Busy | None]:
     """How many of ``wanted`` more runs like ``run`` (its queue and client, as asked) fit
     under the caps now, and the one line the rest get (None when all fit)."""
-    caps = (settings.max_backlog, settings.max_client_backlog)
-    if caps == (None, None):
+    if (settings.max_backlog, settings.max_client_backlog) == (None, None):
         return wanted, None
-    count = _count(_queue(run), run.client)
-    used = (count.queue, count.client)
-    rooms = [cap - n for cap, n in zip(caps, used, strict=True) if cap is not None]
-    fits = max(0, min(wanted, *rooms))
-    return fits, None if fits == wanted else _refusal(run, settings, count, fits)
+    seen = _count(_queue(run), run.client).seen
+    fits, cap = room(seen, settings.max_backlog, settings.max_client_backlog, wanted)
+    return fits, None if cap is None else _refusal(run, settings, seen.added(fits), cap)
 
 
 def check(run: NewRun, settings: Settings) -> None:
@@ -62,18 +60,24 @@ def added(run: NewRun, created: int) -> None:
         with _lock:
             count = _counts.get((_queue(run), run.client))
             if count is not None:
-                count.queue += created
-                count.client += created
+                count.seen = count.seen.added(created)
 
 
-def _refusal(run: NewRun, settings: Settings, count: _Count, adding: int) -> Busy:
-    """The one line a submit past a cap gets (once ``adding`` more runs are created)."""
-    queued, owned = count.queue + adding, count.client + adding
-    if settings.max_backlog is not None and queued >= settings.max_backlog:
-        what = f"queue {_queue(run)!r} holds {_runs(queued)} (DTASK_MAX_BACKLOG"
-        what += f" {settings.max_backlog:,})"
+def _refusal(run: NewRun, settings: Settings, seen: Backlog, cap: Cap) -> Busy:
+    """The one line a submit refused by ``cap`` gets (``seen``: once the runs that fit are
+    created)."""
+    queue, limit = _queue(run), settings.max_backlog or 0
+    if cap is Cap.QUEUE:
+        clients = seen.others + 1
+        what = f"queue {queue!r} holds {_runs(seen.queue)} (DTASK_MAX_BACKLOG {limit:,})"
+        what += f" and client {run.client!r} holds {seen.mine:,} of them, at least its share"
+        what += f" ({share(limit, seen.others):,}: the cap among {clients:,}"
+        what += f" client{'' if clients == 1 else 's'} with runs there)"
+    elif cap is Cap.CEILING:
+        what = f"queue {queue!r} holds {_runs(seen.queue)}, twice DTASK_MAX_BACKLOG {limit:,}"
+        what += " (clients below their share may pass the cap up to that)"
     else:
-        what = f"client {run.client!r} has {_runs(owned)}"
+        what = f"client {run.client!r} has {_runs(seen.client)}"
         what += f" (DTASK_MAX_CLIENT_BACKLOG {settings.max_client_backlog:,})"
     return Busy(
         f"busy: {what}; nothing was created, retry in {RETRY_AFTER:g} s",
@@ -98,8 +102,7 @@ def _count(queue: str, client: str) -> _Count:
     names = [queue, *(f"{queue}.{t.value}" for t in Tier if t is not Tier.BASIC)]
     if queue == DEFAULT_QUEUE:
         names.append("")  # the default queue's basic tier: no queue stored
-    in_queue, of_client = services.store().runs.backlog(names, client)
-    found = _Count(now, in_queue, of_client)
+    found = _Count(now, services.store().runs.backlog(names, client))
     with _lock:
         if len(_counts) > 10_000:
             _counts.clear()

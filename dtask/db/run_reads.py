@@ -11,6 +11,7 @@ from sqlalchemy import Connection, Row
 
 from dtask.db import deps
 from dtask.db.database import Database, sql
+from dtask.domain.backlog import Backlog
 from dtask.domain.clients import DEFAULT_CLIENT, Tier
 from dtask.domain.deps import Node
 from dtask.domain.runs import ChildCounts, RunState, RunStatus
@@ -120,20 +121,24 @@ class RunReads:
                 found[r.trigger_key] = r.client
         return found
 
-    def backlog(self, queues: Sequence[str], client: str) -> tuple[int, int]:
+    def backlog(self, queues: Sequence[str], client: str) -> Backlog:
         """Unfinished runs (pending, splitting, running) whose children go to one of
         ``queues`` (a run of the default queue's basic tier has none stored: ``""`` names it),
-        and those of ``client``."""
+        how many other clients hold some of them and how many are ``client``'s, and all of
+        ``client``'s unfinished runs."""
         with self.db.tx() as conn:
             row = conn.execute(
                 sql(
-                    "SELECT count(*) FILTER (WHERE coalesce(queue, '') = ANY(:queues)) AS queue,"
+                    "SELECT count(*) FILTER (WHERE here) AS queue,"
+                    " count(DISTINCT client) FILTER (WHERE here AND client <> :client) AS others,"
+                    " count(*) FILTER (WHERE here AND client = :client) AS mine,"
                     " count(*) FILTER (WHERE client = :client) AS client"
-                    " FROM dtask_runs WHERE state IN ('pending', 'splitting', 'running')"
+                    " FROM (SELECT client, coalesce(queue, '') = ANY(:queues) AS here"
+                    "   FROM dtask_runs WHERE state IN ('pending', 'splitting', 'running')) r"
                 ),
                 {"queues": list(queues), "client": client},
             ).one()
-        return int(row.queue), int(row.client)
+        return Backlog(int(row.queue), int(row.others), int(row.mine), int(row.client))
 
     def ids_by_key(self, keys: Sequence[str], client: str = DEFAULT_CLIENT) -> dict[str, int]:
         """The runs those trigger keys of ``client`` triggered (UpstreamNotFound names a key

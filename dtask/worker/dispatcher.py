@@ -148,9 +148,11 @@ def nudge() -> None:
 
 def ask(settings: Settings) -> int:
     """Where a queue's live slots outnumber its children out (running, or sent and not yet
-    taken) and nothing waits, ask as many stragglers as there are free slots, the most work
-    left first (``dtask.domain.stealing.pick``): each gives its rest's second half away at
-    its next checkpoint. How many were asked."""
+    taken), ask as many stragglers as there are free slots, the most work left first
+    (``dtask.domain.stealing.pick``): each gives its rest's second half away at its next
+    checkpoint. Asked after a pass, so children that could take a slot have been sent and
+    count as out: a slot still free is one no waiting child can use (another queue's, or
+    held by its client's cap). How many were asked."""
     store = services.store()
     out = store.steals.out()
     if not out:
@@ -181,6 +183,7 @@ def ask(settings: Settings) -> int:
 
 
 PASS_SLOT = "pass:dispatcher"
+STEAL_SLOT = "pass:stealing"
 
 
 def loop(settings: Settings) -> Loop:
@@ -189,8 +192,11 @@ def loop(settings: Settings) -> Loop:
     cluster's next slot (one statement), and a pass that found nothing puts the next slot ten
     intervals away. The others find the slot taken and ask again at the slow pace (ten
     intervals): an idle worker costs PostgreSQL that one statement, not a pass. A split's
-    ``nudge`` passes at once, slot or not. A pass that found nothing waiting asks stragglers
-    to give work away where slots are free (``ask``)."""
+    ``nudge`` passes at once, slot or not. After a pass, stragglers are asked to give work
+    away where slots are still free (``ask``): after every pass that found nothing, and
+    after at most one pass every ten intervals in the whole cluster while children wait
+    (one more statement a pass), so a busy cluster costs no more asks than an idle one and
+    a queue with free slots beside a backlog elsewhere still gets its straggler cut."""
     slow = 10 * settings.dispatch_interval
 
     def once() -> int | None:
@@ -201,6 +207,8 @@ def loop(settings: Settings) -> Loop:
         if found == 0:
             ask(settings)  # nothing waits: free slots take work from stragglers
             leases.next_due_in(PASS_SLOT, slow)
+        elif found and leases.due(STEAL_SLOT, slow):
+            ask(settings)  # children wait, but maybe not for every queue's free slots
         return found
 
     return Loop("dispatcher", settings.dispatch_interval, once, slow=slow)

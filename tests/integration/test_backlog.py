@@ -1,6 +1,7 @@
 """The backlog caps (DTASK_MAX_BACKLOG per queue, DTASK_MAX_CLIENT_BACKLOG per client) against
 a real PostgreSQL: a submit past one is refused at once with ``busy`` and creates nothing; a
-bulk submit's runs past it get the outcome ``busy``; room comes back as runs finish."""
+bulk submit's runs past it get the outcome ``busy``; room comes back as runs finish; a full
+queue refuses the clients that hold their share of it, never one below its share."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def test_a_queue_at_its_cap_refuses_at_once_and_creates_nothing(capped: None) ->
     q, client = queue(), new_client()
     runs = [submit(q, client) for _ in range(3)]
     with pytest.raises(dtask.Busy, match=rf"^busy: queue '{q}' holds 3 unfinished runs") as busy:
-        submit(q, new_client())
+        submit(q, client)
     assert busy.value.retry_after > 0 and busy.value.exit_code == 4
+    assert f"client '{client}' holds 3 of them" in str(busy.value)
     assert count(q) == 3
     premium, rich = queue(), new_client(tier="premium")
     dtask.submit("tagged", {"n": 1, "delay": 0}, queue=premium, client=rich, tier="premium")
@@ -59,7 +61,7 @@ def test_a_queue_at_its_cap_refuses_at_once_and_creates_nothing(capped: None) ->
     submit(premium, other)  # its tiers' queues count as the queue's: two of three
     submit(premium, other)
     with pytest.raises(dtask.Busy):
-        submit(premium, new_client())
+        submit(premium, other)
     assert count(premium) == 3
     runs[0].cancel()  # a finished run makes room, seen within a second
     wait_for(lambda: _accepted(q, client), 30, "the cancelled run's room")
@@ -72,6 +74,29 @@ def _accepted(q: str, client: str) -> bool:
     except dtask.Busy:
         return False
     return True
+
+
+def test_one_client_filling_a_queue_leaves_every_other_client_its_share(capped: None) -> None:
+    """Issue 58, item 12: the queue's cap is shared fairly. The client that filled the queue
+    is the one told busy; each other client still gets its share of the cap (divided among
+    the clients holding runs in the queue, at least one run), so the queue may pass its cap,
+    by those shares, never past twice it."""
+    q, filler = queue(), new_client()
+    for _ in range(3):
+        submit(q, filler)
+    second = new_client()
+    submit(q, second)  # half of the cap is its share: one run
+    with pytest.raises(dtask.Busy, match=f"client '{filler}' holds 3 of them"):
+        submit(q, filler)
+    with pytest.raises(dtask.Busy, match=f"client '{second}' holds 1 of them"):
+        submit(q, second)
+    found = dtask.submit_many("tagged", [{"n": 1, "delay": 0}] * 3, queue=q, client=new_client())
+    assert [s.outcome.value for s in found] == ["created", "busy", "busy"]
+    assert count(q) == 5
+    submit(q, new_client())  # a fourth client's share: one run, the queue at twice its cap
+    with pytest.raises(dtask.Busy, match=rf"^busy: queue '{q}' holds 6 unfinished runs, twice"):
+        submit(q, new_client())
+    assert count(q) == 6
 
 
 def test_a_client_at_its_cap_is_refused_whatever_the_queue(capped: None) -> None:
