@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dtask.cli.base import Parser, interrupted
+from dtask.cli.base import Parser, interrupted, one_line
 from dtask.exceptions import DtaskError
 
 
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if interrupted(exc):  # Ctrl-C in a database call, reported as the call's failure
             print("dtask: interrupted", file=sys.stderr)
             return 130
-        print(f"dtask: error: {exc}", file=sys.stderr)
+        print(f"dtask: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # `dtask runs | head -1`: the reader left, nothing to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

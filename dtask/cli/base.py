@@ -46,10 +46,19 @@ class Parser(argparse.ArgumentParser):
         return action
 
     def error(self, message: str) -> Any:  # one line, exit 2, like every other bad input
-        self.exit(EXIT_BAD_INPUT, f"dtask: error: {message} (see `{self.prog} --help`)\n")
+        said = one_line(message)
+        self.exit(EXIT_BAD_INPUT, f"dtask: error: {said} (see `{self.prog} --help`)\n")
 
     def format_help(self) -> str:
         return super().format_help() + TEMPLATES_HELP
+
+
+def one_line(message: str) -> str:
+    """``message`` as one line a terminal shows as it is: what it quotes of the caller's input
+    (argparse quotes an unknown argument raw) keeps no newline, carriage return or escape."""
+    if message.isprintable():
+        return message
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def interrupted(exc: BaseException | None) -> bool:

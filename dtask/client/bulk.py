@@ -59,31 +59,56 @@ def submit_items(
     template: str,
     items: Iterable[Item],
     on_progress: Callable[[int], None] | None = None,
+    done: list[Submitted] | None = None,
     **options: Unpack[RunOptions],
 ) -> list[Submitted]:
-    """:func:`submit_many` of (variables, key) pairs."""
+    """:func:`submit_many` of (variables, key) pairs. Each chunk's outcomes are added to
+    ``done`` (returned) as soon as the chunk is committed: a caller that sees an error later
+    knows which items have their runs."""
     prepared = prepare(template, **options)
-    found: list[Submitted] = []
+    found: list[Submitted] = [] if done is None else done
     for chunk in _chunks(items, MOST_PER_CHUNK):
-        found.extend(_submit_chunk(prepared, chunk, len(found)))
+        _start(prepared, _submit_chunk(prepared, chunk, found))
         if on_progress is not None:
             on_progress(len(found))
     return found
 
 
-def _submit_chunk(prepared: Prepared, chunk: list[Item], offset: int) -> list[Submitted]:
+def invalid_items(
+    template: str, items: Iterable[Item], **options: Unpack[RunOptions]
+) -> Iterator[tuple[int, DtaskError]]:
+    """Each item (its index) that :func:`submit_items` would refuse as invalid, with why;
+    nothing is written. A bad option raises first, as there."""
+    prepared = prepare(template, **options)
+    for index, (variables, key) in enumerate(items):
+        try:
+            _run_of(prepared, variables, key, index)
+        except DtaskError as exc:
+            yield index, exc
+
+
+def _run_of(prepared: Prepared, variables: Any, key: str | None, index: int) -> NewRun:
+    if isinstance(variables, DtaskError):
+        raise variables
+    if not isinstance(variables, Mapping):
+        raise InvalidVariables(
+            f"item {index} is {type(variables).__name__}, not an object of variables"
+        )
+    return prepared.run(dict(variables), key)
+
+
+def _submit_chunk(
+    prepared: Prepared, chunk: list[Item], found: list[Submitted]
+) -> list[tuple[Created, NewRun]]:
+    """The chunk's runs written in one transaction, its outcomes added to ``found`` once it
+    is committed; the runs it created, to start."""
+    offset = len(found)
     outcomes: list[Submitted | None] = [None] * len(chunk)
     runs: list[NewRun] = []
     at: list[int] = []  # each run's place in the chunk
     for i, (variables, key) in enumerate(chunk):
         try:
-            if isinstance(variables, DtaskError):
-                raise variables
-            if not isinstance(variables, Mapping):
-                raise InvalidVariables(
-                    f"item {offset + i} is {type(variables).__name__}, not an object of variables"
-                )
-            runs.append(prepared.run(dict(variables), key))
+            runs.append(_run_of(prepared, variables, key, offset + i))
             at.append(i)
         except DtaskError as exc:
             outcomes[i] = Submitted(offset + i, Outcome.INVALID, error=str(exc))
@@ -93,11 +118,11 @@ def _submit_chunk(prepared: Prepared, chunk: list[Item], offset: int) -> list[Su
     )  # fmt: skip
     if busy is not None:  # past the backlog cap: busy, nothing written; known keys answer
         over = services.store().runs.known_runs(runs[fits:])
-        for i, found in zip(at[fits:], over, strict=True):
+        for i, known in zip(at[fits:], over, strict=True):
             outcomes[i] = (
                 Submitted(offset + i, Outcome.BUSY, error=str(busy), retry_after=busy.retry_after)
-                if found is None
-                else _outcome(offset + i, found)
+                if known is None
+                else _outcome(offset + i, known)
             )
         runs, at = runs[:fits], at[:fits]
     results = services.store().runs.create_runs(runs) if runs else []
@@ -106,10 +131,10 @@ def _submit_chunk(prepared: Prepared, chunk: list[Item], offset: int) -> list[Su
         outcomes[i] = _outcome(offset + i, result)
         if isinstance(result, Created) and result.created:
             created.append((result, run))
+    found.extend(o for o in outcomes if o is not None)
     if created:
         backlog.added(runs[0], len(created))
-    _start(prepared, created)
-    return [o for o in outcomes if o is not None]
+    return created
 
 
 def _outcome(index: int, result: Created | DtaskError) -> Submitted:

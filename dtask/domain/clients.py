@@ -15,6 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from dtask.domain.limits import shown
 from dtask.exceptions import InvalidClient, RateLimited
 
 DEFAULT_CLIENT = "default"
@@ -22,7 +23,7 @@ LOWEST_PRIORITY, HIGHEST_PRIORITY, DEFAULT_PRIORITY = 0, 9, 5
 PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 SETTINGS = frozenset(("rate", "child_rate", "max_running", "weight", "tier", "max_priority"))
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,99}")
-_RATE = re.compile(r"\s*(\d+)\s*/\s*([smhd])\s*")
+_RATE = re.compile(r"\s*([0-9]+)\s*/\s*([smhd])\s*")
 
 
 class Tier(StrEnum):
@@ -40,7 +41,7 @@ class Tier(StrEnum):
 def check_name(name: str) -> str:
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise InvalidClient(
-            f"client name {name!r} must be 1 to 100 letters, digits or '_.@:-',"
+            f"client name {shown(name)} must be 1 to 100 letters, digits or '_.@:-',"
             " starting with a letter or digit"
         )
     return name
@@ -54,7 +55,7 @@ def check_priority(priority: int, what: str = "priority") -> int:
     ):
         raise InvalidClient(
             f"{what} must be a whole number from {LOWEST_PRIORITY} (lowest) to"
-            f" {HIGHEST_PRIORITY} (highest), got {priority!r}"
+            f" {HIGHEST_PRIORITY} (highest), got {shown(priority)}"
         )
     return priority
 
@@ -71,11 +72,12 @@ class Rate:
 
     @classmethod
     def parse(cls, text: str, what: str = "rate") -> Rate:
-        match = _RATE.fullmatch(text)
-        if match is None or not 1 <= int(match.group(1)) <= MAX_COUNT:
+        match = _RATE.fullmatch(text) if isinstance(text, str) else None
+        # int() refuses over 4,300 digits: the length decides first
+        if match is None or len(match.group(1)) > 10 or not 1 <= int(match.group(1)) <= MAX_COUNT:
             raise InvalidClient(
                 f"{what} must look like N/PERIOD with N from 1 to {MAX_COUNT:,} and PERIOD one"
-                f" of s, m, h, d (for example 50/m), got {text[:40]!r}"
+                f" of s, m, h, d (for example 50/m), got {shown(text, 40)}"
             )
         return cls(int(match.group(1)), match.group(2))
 
@@ -144,7 +146,7 @@ class Client:
         ):
             raise InvalidClient(
                 f"max_running must be a whole number from 1 to {MAX_COUNT:,},"
-                f" got {self.max_running!r}"
+                f" got {shown(self.max_running)}"
             )
         if (
             isinstance(self.weight, bool)
@@ -152,7 +154,7 @@ class Client:
             or not 0 < self.weight <= 1000
         ):
             raise InvalidClient(
-                f"weight must be a number above 0 and at most 1000, got {self.weight!r}"
+                f"weight must be a number above 0 and at most 1000, got {shown(self.weight)}"
             )
         check_priority(self.max_priority, "max_priority")
 

@@ -94,10 +94,20 @@ def check_whole(what: str, value: object, low: int, high: int, error: type[Dtask
 
 
 def _shown(value: object) -> str:
-    if isinstance(value, int) and value.bit_length() > 200:
-        return f"an integer of {value.bit_length():,} bits"  # repr() refuses past 4,300 digits
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value, 60)
+
+
+def shown(value: object, width: int = 80) -> str:
+    """``value`` for a one-line error, at most ``width`` characters: repr() refuses an integer
+    past 4,300 digits (inside a list too) and nesting deeper than Python recurses."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        digits = math.floor(math.log10(abs(value))) + 1  # a float's log: 1 too many at 99..9
+        return f"an integer of {digits - (abs(value) < 10 ** (digits - 1)):,} digits"
+    try:
+        text = repr(value[: width + 1] if isinstance(value, str) else value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def text_problem(text: str) -> str | None:

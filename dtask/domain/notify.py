@@ -9,6 +9,7 @@ import ipaddress
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from dtask.domain.limits import shown
 from dtask.exceptions import InvalidNotifyUrl
 
 SIGNATURE_HEADER = "X-Dtask-Signature"
@@ -30,12 +31,26 @@ def check_url(url: str | None, *, allow_private: bool = True) -> str | None:
     is resolved, at each delivery (no DNS here)."""
     if url is None:
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL:
-        raise InvalidNotifyUrl(
-            f"notify_url must be an http(s) URL with a host, at most {MAX_URL} characters,"
-            f" got {url[:100]!r}"
-        )
+    wanted = (
+        f"notify_url must be an http(s) URL with a host, at most {MAX_URL} characters, no"
+        " spaces or control characters, its port from 1 to 65535 and an IPv6 address in"
+        " brackets (http://[::1]:8080/hook)"
+    )
+    if not isinstance(url, str):
+        raise InvalidNotifyUrl(f"{wanted}, got {shown(url)}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError as exc:  # an unclosed [ or a bad IPv6 address, a bad port
+        raise InvalidNotifyUrl(f"{wanted}, got {shown(url, 100)} ({exc})") from None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or len(url) > MAX_URL
+        or port == 0
+        or any(c.isspace() or not c.isprintable() for c in url)
+    ):
+        raise InvalidNotifyUrl(f"{wanted}, got {shown(url, 100)}")
     if not allow_private:
         try:
             address = ipaddress.ip_address(parts.hostname)

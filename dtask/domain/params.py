@@ -7,13 +7,15 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from dtask.domain.limits import text_problem
+from dtask.domain.limits import shown, text_problem
 from dtask.exceptions import InvalidVariables, TemplateDefinitionError
 
 _PARAM_TYPES: dict[type, str] = {
     int: "int", float: "float", str: "str", bool: "bool", date: "date", datetime: "datetime"
 }  # fmt: skip
 _EXAMPLE: dict[type, str] = {date: "2026-03-01", datetime: "2026-03-01T09:00:00+01:00"}
+# an int variable is stored as JSON and read back as a PostgreSQL bigint (a range's bounds)
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
 
@@ -36,15 +38,25 @@ class Param:
             )
         if self.default is not None:
             object.__setattr__(self, "required", False)
-        if self.type in _EXAMPLE:  # kept as ISO 8601 text: variables are JSON
-            for bound in ("min", "max", "default"):
-                if getattr(self, bound) is None:
-                    continue
-                try:
-                    object.__setattr__(self, bound, self.check(bound, getattr(self, bound)))
-                except InvalidVariables as exc:
-                    said = str(exc).replace(f"variable {bound!r}", f"a {self.type_name}'s {bound}")
-                    raise TemplateDefinitionError(said) from None
+        # a date's bounds are kept as ISO 8601 text (variables are JSON); any default is a value
+        # the parameter itself takes (not an integer past a bigint, not NaN)
+        for bound in ("min", "max", "default") if self.type in _EXAMPLE else ("default",):
+            if getattr(self, bound) is None:
+                continue
+            try:
+                object.__setattr__(self, bound, self.check(bound, getattr(self, bound)))
+            except InvalidVariables as exc:
+                said = str(exc).replace(f"variable {bound!r}", f"{self._a}'s {bound}")
+                raise TemplateDefinitionError(said) from None
+            except TypeError:  # bounds of another type than the parameter's
+                raise TemplateDefinitionError(
+                    f"{self._a}'s {bound} {shown(getattr(self, bound))} cannot be compared"
+                    f" with its bounds {shown(self.min)} and {shown(self.max)}"
+                ) from None
+
+    @property
+    def _a(self) -> str:
+        return f"{'an' if self.type is int else 'a'} {self.type_name}"
 
     @property
     def type_name(self) -> str:
@@ -57,30 +69,39 @@ class Param:
             return self._moment(name, value)
         ok = isinstance(value, self.type) and not (self.type is int and isinstance(value, bool))
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
+            try:
+                value, ok = float(value), True
+            except OverflowError:  # an integer past any float (1e308)
+                raise InvalidVariables(
+                    f"variable {name!r} must be a finite number, got {shown(value)}"
+                ) from None
         if not ok:
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {type(value).__name__} {shown}"
+                f"variable {name!r} must be {self.type_name}, got {type(value).__name__}"
+                f" {shown(value)}"
             )
         if self.type is float and not math.isfinite(value):
             raise InvalidVariables(f"variable {name!r} must be a finite number, got {value!r}")
+        if self.type is int and not INT_MIN <= value <= INT_MAX:
+            raise InvalidVariables(
+                f"variable {name!r} must be an int from {INT_MIN:,} to {INT_MAX:,},"
+                f" got {shown(value)}"
+            )
         if self.type is str and (problem := text_problem(value)) is not None:
             raise InvalidVariables(f"variable {name!r} {problem}")
         if self.min is not None and value < self.min:
-            raise InvalidVariables(f"variable {name!r} must be >= {self.min}, got {value!r}")
+            raise InvalidVariables(f"variable {name!r} must be >= {self.min}, got {shown(value)}")
         if self.max is not None and value > self.max:
-            raise InvalidVariables(f"variable {name!r} must be <= {self.max}, got {value!r}")
+            raise InvalidVariables(f"variable {name!r} must be <= {self.max}, got {shown(value)}")
         return value
 
     def _moment(self, name: str, value: Any) -> str:
         try:
             moment = _moment_of(self.type, value)
         except ValueError:
-            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
             raise InvalidVariables(
                 f"variable {name!r} must be an ISO 8601 {self.type_name} like"
-                f" {_EXAMPLE[self.type]}, got {shown}"
+                f" {_EXAMPLE[self.type]}, got {shown(value)}"
             ) from None
         if isinstance(moment, datetime) and moment.utcoffset() is None:
             raise InvalidVariables(
@@ -114,12 +135,16 @@ class Param:
             if self.type is int:
                 return int(text.strip().replace("_", ""))
             if self.type is float:
-                return float(text)
+                number = float(text)
+                if not math.isfinite(number):  # float("1e999") is inf: the text says why
+                    raise InvalidVariables(
+                        f"variable {name!r} must be a finite number, got {shown(text)}"
+                    )
+                return number
             return text
         except ValueError:
-            shown = repr(text) if len(text) <= 80 else repr(text[:77]) + "..."
             raise InvalidVariables(
-                f"variable {name!r} must be {self.type_name}, got {shown}"
+                f"variable {name!r} must be {self.type_name}, got {shown(text)}"
             ) from None
 
 

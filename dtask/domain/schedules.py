@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dtask.domain.cron import Cron
 from dtask.domain.deadlines import OnLate, check_delay_tolerance, on_late_of
-from dtask.domain.limits import EARLIEST, LATEST, text_problem
+from dtask.domain.limits import EARLIEST, LATEST, shown, text_problem
 from dtask.exceptions import InvalidSchedule
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -137,9 +137,19 @@ MIN_GRACE = 2.0
 MAX_SECONDS = 366 * 86400
 
 
-def _within(what: str, value: float, low: float, high: float) -> None:
-    if not (math.isfinite(value) and low <= value <= high):
-        raise InvalidSchedule(f"{what} must be {low:g} to {high:.0f} seconds, got {value:g}")
+def _within(what: str, value: object, low: float, high: float) -> None:
+    try:
+        inside = (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and low <= value <= high
+        )
+    except OverflowError:  # an integer past any float
+        inside = False
+    if not inside:
+        got = f"{value:g}" if isinstance(value, float) else shown(value)
+        raise InvalidSchedule(f"{what} must be {low:g} to {high:.0f} seconds, got {got}")
 
 
 @dataclass(frozen=True)
@@ -346,6 +356,8 @@ def make_timing(*, now: datetime | None = None, **when: Unpack[When]) -> Timing:
     cron, every = when.get("cron"), when.get("every")
     if (cron is None) == (every is None):
         raise InvalidSchedule("a schedule needs exactly one of a cron expression or an interval")
+    if every is not None:
+        _within("an interval", every, 1, MAX_SECONDS)
     start, end = when.get("start"), when.get("end")
     timing = Timing(
         trigger=Cron.parse(cron) if cron is not None else int(every or 0),

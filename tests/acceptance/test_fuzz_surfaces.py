@@ -7,7 +7,10 @@ call creates nothing; every listing still reads. After each test: an ordinary ru
 client is dispatched and finishes (the property that found a deadline in the year 33715).
 
 `make test` runs 40 examples a surface; a larger run: `DTASK_FUZZ_EXAMPLES=1000 .venv/bin/pytest
-tests/acceptance/test_fuzz_surfaces.py` (about 3 minutes per thousand on this 2-core box)."""
+tests/acceptance/test_fuzz_surfaces.py` (about 3 minutes per thousand on this 2-core box). Its
+shapes (URLs, option spellings, bodies, settings, TOML) are in test_fuzz_shapes.py and
+tests/unit/test_bad_shapes.py; `python -m tests.fuzz --minutes 10` runs all three for ten minutes
+and prints what each call became."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from tests.acceptance.test_no_input_stops import another_client_finishes
 from tests.conftest import WorkerProcess
 from tests.integration.test_hostile_input import call as cli
 from tests.support.api import call, call_raw, start_server, token
+from tests.support.shapes import tally, url
 
 pytestmark = pytest.mark.acceptance
 
@@ -42,7 +46,8 @@ FUZZ = settings(
 )
 
 # numbers at and past every bound dtask has (durations, counts, priorities, weights, ports)
-EDGES = [0, -1, 1, 9, 10, 2**31 - 1, 2**31, 2**63, 10**30, MAX_SECONDS, MAX_SECONDS + 1]
+EDGES = [0, -1, 1, 9, 10, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63) - 1, 10**30, 10**400]
+EDGES += [MAX_SECONDS, MAX_SECONDS + 1]
 NUMBER = st.one_of(
     st.sampled_from([*EDGES, 1e12, 1e16, 1e308, -1e308, 0.5, 5e-324]),
     st.floats(allow_nan=False, allow_infinity=False),
@@ -86,7 +91,7 @@ SUBMIT_OPTIONS: dict[str, st.SearchStrategy[Any]] = {
     "queue": TEXT,
     "tier": TEXT,
     "on_late": TEXT,
-    "notify_url": st.one_of(TEXT, st.just("http://127.0.0.1:1/x")),
+    "notify_url": st.one_of(TEXT, st.just("http://127.0.0.1:1/x"), url(["http", "https", ""])),
     "after": st.lists(NUMBER, max_size=3),
 }
 SCHEDULE_OPTIONS: dict[str, st.SearchStrategy[Any]] = {
@@ -157,9 +162,14 @@ def test_python_submit_returns_a_run_or_one_dtask_error(
     try:
         run = dtask.submit("print_range", {"n": n}, client="fz-http", **options)
     except DtaskError as exc:
+        tally("python submit", "refused" if counts() == before else "created")
         _one_line(str(exc))
         assert counts() == before, (options, exc)
+    except Exception:
+        tally("python submit", "traceback")
+        raise
     else:
+        tally("python submit", "ok")
         assert run.status().client == "fz-http"
     listings_read()
 
@@ -177,9 +187,14 @@ def test_python_add_schedule_saves_or_raises_one_dtask_error(
     try:
         dtask.add_schedule(name, "print_range", {"n": 1}, replace=True, **options)
     except DtaskError as exc:
+        tally("python add_schedule", "refused" if counts()[1] == before[1] else "created")
         _one_line(str(exc))
         assert counts()[1] == before[1], (name, options, exc)
+    except Exception:
+        tally("python add_schedule", "traceback")
+        raise
     else:
+        tally("python add_schedule", "ok")
         if not name.startswith("fz"):
             dtask.remove_schedule(name)
     listings_read()
@@ -226,6 +241,8 @@ def test_http_submit_answers_a_run_or_one_json_error(
         return
     before = counts()
     reply = call_raw(base, "/runs", client_token, text_)
+    tally("http POST /runs", "http500" if reply.status >= 500 else "ok" if reply.status < 400 else
+          "refused" if counts()[0] == before[0] else "created")  # fmt: skip
     assert reply.status in (200, 201, 400, 404, 409, 413, 422, 429), (body, reply)
     if reply.status >= 400:
         assert isinstance(reply.body, dict), reply
@@ -245,6 +262,8 @@ def test_http_schedule_put_answers_a_schedule_or_one_json_error(
     body = _json_safe({"template": "print_range", "variables": {"n": 1}, **options})
     before = counts()
     reply = call(base, "PUT", f"/schedules/{name}", admin, body)
+    tally("http PUT /schedules", "http500" if reply.status >= 500 else "ok" if reply.status < 400
+          else "refused" if counts()[1] == before[1] else "created")  # fmt: skip
     assert reply.status in (200, 201, 400, 404, 409, 422), (body, reply)
     if reply.status >= 400:
         _one_line(reply.body["error"])
@@ -254,6 +273,7 @@ def test_http_schedule_put_answers_a_schedule_or_one_json_error(
 
 
 CLI_FLAGS = {
+    "--notify-url": url(["http", "https", "HTTP", ""]),
     "--delay-tolerance": NUMBER,
     "--execution-cap": NUMBER,
     "--priority": NUMBER,
@@ -274,7 +294,12 @@ def test_cli_submit_exits_0_or_2_in_one_line(
     except (ValueError, RecursionError):  # str() of an integer over 4,300 digits: no argv
         return
     before = counts()
-    code, err = cli(*argv)
+    try:
+        code, err = cli(*argv)
+    except Exception:
+        tally("cli submit", "traceback")
+        raise
+    tally("cli submit", "ok" if code == 0 else "refused" if counts()[0] == before[0] else "created")
     assert code in (0, 2), (argv, code, err)
     if code == 2:
         assert err.startswith("dtask: error: ") and err.count("\n") == 1, (argv, err)

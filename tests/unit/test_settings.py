@@ -232,7 +232,7 @@ def test_mask_never_shows_a_password(password: str) -> None:
     assert password not in masked
 
 
-SECRET_URL = "postgresql+psycopg://dtask:p@ss:w/rd@db.internal:5432/dtask"
+SECRET_URL = "postgresql+psycopg://dtask:p%40ss%3Aw%2Frd@db.internal:5432/dtask"
 
 
 def test_dtask_config_prints_every_setting_with_its_source(
@@ -259,7 +259,7 @@ def test_dtask_config_prints_every_setting_with_its_source(
     assert lines["DTASK_MAX_CHILDREN"][1:] == ["100000", "(default)"]
     assert lines["DTASK_TEMPLATES"][1:] == ["(none)", "(default)"]
     assert lines["DTASK_FLOWER_AUTH"][1:] == ["admin:***", "(env)"]
-    for secret in ("p@ss", "w/rd", "r3dis", "fl@w", "er/pw"):
+    for secret in ("p%40ss", "w%2Frd", "r3dis", "fl@w", "er/pw"):
         assert secret not in out
 
 
