@@ -26,7 +26,9 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from dtask import settings_source
-from dtask.exceptions import ConfigurationError
+from dtask.domain import urls
+from dtask.domain.notify import check_url
+from dtask.exceptions import ConfigurationError, InvalidNotifyUrl
 
 PREFIX = "DTASK_"
 
@@ -46,21 +48,6 @@ def _urls(url: str) -> list[str]:
 
 
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_POSTGRESQL = {"postgresql", "postgresql+psycopg"}
-
-
-def _checked_url(url: str, example: str) -> str:
-    """The URL's scheme, once its shape and port are sound (ValueError saying what is not)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
-        raise ValueError(f"must be a URL, e.g. {example}")
-    # host[:port] follows the last "@" (as SQLAlchemy and kombu read a password holding one)
-    host = rest.rsplit("@", 1)[-1].split("/", 1)[0].split("?", 1)[0]
-    port = host.rpartition("]")[2] if host.startswith("[") else host
-    _, colon, number = port.rpartition(":")
-    if colon and not (number.isdigit() and 1 <= int(number) <= 65_535):
-        raise ValueError(f"has a bad port {number[:20]!r} (1 to 65535)")
-    return scheme.lower()
 
 
 # Upper bounds of settings (docs/security.md): a duration past them is a typo, and each one
@@ -167,7 +154,17 @@ class Settings(BaseSettings):
         le=1_048_576,
         description=(
             "characters of output (stdout, stderr, ctx.log) kept per attempt of a child,"
-            " the last ones (`dtask logs`); 0 keeps none"
+            " the last ones (`dtask logs`), and written to the worker's log, the first ones"
+            " (then one line says how many more there were); 0 keeps and logs none"
+        ),
+    )
+    max_output_line: int = Field(
+        65_536,
+        ge=80,
+        le=16_777_216,
+        description=(
+            "bytes of one line a command child prints that are read: a longer line is cut"
+            " and marked, never read whole into memory"
         ),
     )
     max_run_result: int = Field(
@@ -201,6 +198,17 @@ class Settings(BaseSettings):
         le=_MAX_JSON,
         description=(
             "bytes of JSON one checkpoint may take (a bigger one fails the attempt saying so)"
+        ),
+    )
+    # A 1,000-run batch of realistic variables weighs 0.44-0.62 MB (docs/api.md): 4 MiB
+    # leaves about 4 KiB a run, and one run at DTASK_MAX_VARIABLES fits.
+    api_max_body: int = Field(
+        4_194_304,
+        ge=1_024,
+        le=1_073_741_824,
+        description=(
+            "bytes of body one HTTP request to `dtask serve` may send: a bigger one is refused"
+            " with 413 from its Content-Length, or once that many bytes have streamed in"
         ),
     )
     split_timeout: float = Field(
@@ -278,8 +286,10 @@ class Settings(BaseSettings):
         le=1_000_000_000,
         json_schema_extra={"shown": "no cap"},
         description=(
-            "runs a queue may hold unfinished (pending, splitting, running); a submit past it is "
-            "refused at once with `busy` (exit 4, HTTP 503 with Retry-After), nothing created"
+            "runs a queue may hold unfinished (pending, splitting, running), shared among its "
+            "clients: once it is full, a client holding its share (the cap divided among the "
+            "clients with runs in it) is refused at once with `busy` (exit 4, HTTP 503 with "
+            "Retry-After), nothing created; the others' shares may take it to twice the cap"
         ),
     )
     max_client_backlog: int | None = Field(
@@ -358,7 +368,8 @@ class Settings(BaseSettings):
         description=(
             "seconds a silent connection to PostgreSQL or the broker (a link that drops packets) "
             "is given before it is dropped and reopened: TCP keepalive and user timeout, connect "
-            "timeout, Redis socket timeouts and health checks, AMQP heartbeats"
+            "timeout, Redis socket timeouts and health checks, AMQP heartbeats; a PostgreSQL round"
+            " trip unanswered for half of it, with a new connection unanswered too, is dropped"
         ),
     )
     db_statement_timeout: float = Field(
@@ -541,19 +552,33 @@ class Settings(BaseSettings):
     @classmethod
     def _a_postgresql_url(cls, url: str | None) -> str | None:
         if url is not None:
-            scheme = _checked_url(url, "postgresql://user:password@host:5432/dbname")
-            if scheme not in _POSTGRESQL:
+            urls.checked(url, "postgresql://user:password@host:5432/dbname")
+            urls.check_postgresql_query(url)
+            scheme = url.partition("://")[0]  # SQLAlchemy's dialect names are lower case
+            if scheme not in urls.POSTGRESQL:
                 raise ValueError(
                     f"must be a PostgreSQL URL (postgresql:// or postgresql+psycopg://),"
                     f" not {scheme}://"
                 )
         return url
 
+    @field_validator("alert_webhook")
+    @classmethod
+    def _a_webhook(cls, url: SecretStr | None) -> SecretStr | None:
+        try:  # what the outbound call reads, checked as a run's notify_url is
+            check_url(None if url is None else url.get_secret_value(), allow_private=True)
+        except InvalidNotifyUrl:
+            raise ValueError(  # not the URL: it may hold a secret
+                "must be an http(s) URL with a host, at most 2000 characters, no spaces or"
+                " control characters, its port from 1 to 65535"
+            ) from None
+        return url
+
     @field_validator("broker_url")
     @classmethod
     def _a_broker_url(cls, url: str | None) -> str | None:
-        for one in _urls(url) if url is not None else []:
-            _checked_url(one, "redis://host:6379/0 or amqp://user:password@host:5672//")
+        for one in urls.failover(url):
+            urls.checked(one, "redis://host:6379/0 or amqp://user:password@host:5672//")
         return url
 
     @field_validator("result_backend")
@@ -561,8 +586,8 @@ class Settings(BaseSettings):
     def _a_url(cls, url: str | None) -> str | None:
         # Any Celery result backend: with one that counts chords natively (Redis) a run's
         # chord callback finalizes it, with any other its last child does (from PostgreSQL).
-        for one in _urls(url) if url is not None else []:
-            _checked_url(one, "redis://host:6379/1 or db+postgresql://...")
+        for one in urls.failover(url):
+            urls.checked(one, "redis://host:6379/1 or db+postgresql://...")
         return url
 
     @model_validator(mode="after")
@@ -653,10 +678,10 @@ def env_name(field: str) -> str:
 
 
 _URLS = {"database_url", "broker_url", "result_backend"}
-_SECRETS = {"flower_auth"}
+_SECRETS = {"flower_auth", "alert_webhook"}
 _DERIVED = {"result_backend", "heartbeat_interval"}
 _NOT_DERIVED = "default_factory_not_called"
-_KNOWN = {env_name(f): f for f in Settings.model_fields}
+KNOWN = {env_name(f): f for f in Settings.model_fields}
 
 
 def documented() -> list[tuple[str, str, str]]:
@@ -711,7 +736,7 @@ def _reason(error: ErrorDetails) -> str:
 
 def _problem(error: ErrorDetails) -> str:
     field = str(error["loc"][0]) if error["loc"] else ""
-    if field not in _KNOWN.values():
+    if field not in KNOWN.values():
         return _reason(error)
     value = error["input"]
     if field in _SECRETS:
@@ -723,10 +748,10 @@ def _problem(error: ErrorDetails) -> str:
 
 def _typos(environ: Mapping[str, str]) -> list[str]:
     problems = []
-    suffixes = [known.removeprefix(PREFIX) for known in _KNOWN]
+    suffixes = [known.removeprefix(PREFIX) for known in KNOWN]
     for name in sorted(environ):
         upper = name.upper()
-        if not upper.startswith(PREFIX) or upper in _KNOWN:
+        if not upper.startswith(PREFIX) or upper in KNOWN:
             continue
         close = difflib.get_close_matches(upper.removeprefix(PREFIX), suffixes, n=1, cutoff=0.8)
         if close:
@@ -811,7 +836,7 @@ def render(found: list[Row]) -> list[str]:
 
     def text(row: Row) -> str:
         if row.value is None or row.value == []:
-            return "embedded" if _KNOWN[row.name] in _URLS else "(none)"
+            return "embedded" if KNOWN[row.name] in _URLS else "(none)"
         if isinstance(row.value, list):
             return ",".join(row.value)
         return _number(row.value)

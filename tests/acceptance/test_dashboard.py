@@ -111,6 +111,28 @@ def test_log_in_submit_from_the_page_and_watch_the_run_finish(
     shot(page, "runs")
 
 
+EVIL = '<img src=x onerror="window.owned=1"><script>window.owned=2</script>'
+
+
+def test_a_client_s_html_is_shown_as_text_never_run(
+    page: Page, site: tuple[str, str], tokens: dict[str, str], workers: list[WorkerProcess]
+) -> None:
+    """A trigger key and variables holding markup, shown on the runs list and the run page:
+    as the text they are, and no script of theirs runs (docs/security.md, "Threat model")."""
+    submit = {"template": "slow_range", "variables": {"n": 1, "delay": 0}, "key": EVIL}
+    made = call(site[1], "POST", "/runs", tokens["a"], submit)
+    assert made.status == 201, made.body
+    log_in(page, tokens["a"])
+    page.goto(f"{site[0]}/#/runs")
+    row = page.wait_for_selector(f"#runs tr[data-run='{made.body['id']}']", timeout=WAIT)
+    assert row is not None and f"key {EVIL}" in row.inner_text()
+    page.goto(f"{site[0]}/#/runs/{made.body['id']}")
+    page.wait_for_selector("#run-state .state", timeout=WAIT)
+    assert f"key {EVIL}" in page.inner_text("#run")
+    assert page.locator("#run img, #runs img").count() == 0
+    assert page.evaluate("window.owned") is None
+
+
 def test_a_failed_child_s_error_and_cancel_from_the_run_page(
     page: Page, site: tuple[str, str], tokens: dict[str, str], workers: list[WorkerProcess]
 ) -> None:
