@@ -17,9 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 import dtask
@@ -27,7 +25,8 @@ from dtask import services
 from soak.cluster import FAST
 from tests.conftest import WorkerProcess, submitted
 from tests.support.blackhole import BlackholeRelay
-from tests.support.db import owner_pid, wait_for
+from tests.support.cut_off import pids_of, progress, stamped
+from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -49,33 +48,6 @@ def relay(dtask_env: dict[str, str]) -> Iterator[BlackholeRelay]:
         yield relay
     finally:
         relay.close()
-
-
-def progress(run_id: int) -> dict[int, tuple[int, int]]:
-    """index -> (owner pid, items its checkpoint says are done) of the run's running children."""
-    with services.store().engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT index AS i, owner, checkpoint FROM dtask_children WHERE run_id = :r"
-                " AND state = 'running' AND owner IS NOT NULL"
-            ),
-            {"r": run_id},
-        ).all()
-    return {int(r.i): (owner_pid(r.owner), (r.checkpoint or {}).get("done", 0)) for r in rows}
-
-
-def pids_of(worker: WorkerProcess) -> set[int]:
-    try:
-        main = psutil.Process(worker.proc.pid)
-        return {main.pid} | {p.pid for p in main.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
-def stamped(sink: Path, run_id: int, index: int) -> list[tuple[int, int, float]]:
-    """(item, pid, unix time) of every line the child's attempts printed."""
-    lines = (sink / f"{run_id}-{index}.txt").read_text().splitlines()
-    return [(int(i), int(pid), float(ts)) for i, pid, ts in (x.split() for x in lines if x)]
 
 
 def test_a_worker_cut_off_by_a_blackhole_says_so_and_its_children_resume_elsewhere(

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
@@ -27,7 +26,8 @@ from dtask.services import embedded
 from soak import netns
 from tests.acceptance.test_faults import AMQP, FAST, purge_rabbitmq_queue, rabbitmq_reachable
 from tests.conftest import DTASK, REPO, WorkerProcess
-from tests.support.db import owner_pid, wait_for
+from tests.support.cut_off import pids_of, progress, stamped
+from tests.support.db import wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -109,37 +109,6 @@ def net(
         for relay in relays:
             relay.close()
         partition.delete()
-
-
-def pids_of(worker: WorkerProcess) -> set[int]:
-    """The worker's main process and its pool processes."""
-    try:
-        main = psutil.Process(worker.proc.pid)
-        return {main.pid} | {p.pid for p in main.children(recursive=True)}
-    except psutil.NoSuchProcess:
-        return set()
-
-
-def progress(run_id: int) -> dict[int, tuple[int | None, int]]:
-    """index -> (owner pid, items its checkpoint says are done) of the run's running children."""
-    from sqlalchemy import text
-
-    with services.store().engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT index, owner, checkpoint FROM dtask_children WHERE run_id = :r"
-                " AND state = 'running' AND owner IS NOT NULL"
-            ),
-            {"r": run_id},
-        ).all()
-    return {int(r.index): (owner_pid(r.owner), (r.checkpoint or {}).get("done", 0)) for r in rows}
-
-
-def stamped(sink: Path, run_id: int, index: int) -> list[tuple[int, int, float]]:
-    """(item, pid, unix time) of every line the child's attempts printed."""
-    path = sink / f"{run_id}-{index}.txt"
-    lines = [line.split() for line in path.read_text().splitlines() if line.strip()]
-    return [(int(i), int(pid), float(ts)) for i, pid, ts in lines]
 
 
 @pytest.mark.parametrize(
