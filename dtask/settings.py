@@ -211,6 +211,24 @@ class Settings(BaseSettings):
             " with 413 from its Content-Length, or once that many bytes have streamed in"
         ),
     )
+    api_body_timeout: float = Field(
+        30.0,
+        gt=0,
+        le=_HOUR,
+        description=(
+            "seconds a request's whole body may take to arrive at `dtask serve` (4 MiB at 140"
+            " KB/s): past it, 408 and the connection closed"
+        ),
+    )
+    api_max_connections: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "requests `dtask serve` handles at once (past it: 503 at once, the body unread);"
+            " default 512, or half the open-file limit where that is lower"
+        ),
+    )
     split_timeout: float = Field(
         30.0,
         gt=0,
@@ -864,6 +882,13 @@ def mask(url: str) -> str:
     A Sentinel URL is masked sentinel by sentinel.
     """
     return ";".join(_mask_one(one) for one in _urls(url))
+
+
+def shown_url(url: object) -> str:
+    """A database URL (SQLAlchemy's URL, or its text) for a message or a log line: mask()ed,
+    so that a password in its query (``?password=``, ``?sslpassword=``) goes with the
+    userinfo's (SQLAlchemy's own ``hide_password`` hides only the latter)."""
+    return mask(str(url))  # str() of a SQLAlchemy URL hides the userinfo's password
 
 
 def _mask_one(url: str) -> str:

@@ -48,10 +48,10 @@ def _dtask_error(_: Request, exc: Exception) -> JSONResponse:
 
 def response(exc: e.DtaskError) -> JSONResponse:
     """The error's JSON answer, with the status and headers its kind calls for."""
-    body: dict[str, Any] = {"error": str(exc)}
+    body: dict[str, Any] = {"error": _encodable(_public(exc))}
     headers: dict[str, str] = {}
     if isinstance(exc, e.InvalidVariables) and exc.fields:
-        body["fields"] = exc.fields
+        body["fields"] = {_encodable(k): _encodable(v) for k, v in exc.fields.items()}
     if isinstance(exc, e.RateLimited | e.Busy):
         body["retry_after"] = None if math.isinf(exc.retry_after) else exc.retry_after
         if not math.isinf(exc.retry_after):
@@ -59,6 +59,28 @@ def response(exc: e.DtaskError) -> JSONResponse:
     if isinstance(exc, Refused) and exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(body, status_code=status_of(exc), headers=headers)
+
+
+def _public(exc: e.DtaskError) -> str:
+    """What a caller may read of ``exc``: a database's errors name its URL (user, host,
+    database), so they are told apart only in the server's log."""
+    if isinstance(exc, e.DatabaseUnavailable):
+        log.warning("answered 503: %s", exc)
+        return "cannot reach the database (the server's log has the details)"
+    if isinstance(exc, e.SchemaMismatch):
+        log.warning("answered %d: %s", status_of(exc), exc)
+        return "the database's dtask schema is not this server's (the server's log has the details)"
+    return str(exc)
+
+
+def _encodable(text: str) -> str:
+    """``text`` as JSON can send it: a caller's lone surrogate (``"\\ud800"`` in a JSON body)
+    escaped, where UTF-8 would refuse it and turn the answer into a 500."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _bad_request(request: Request, exc: Exception) -> JSONResponse:
@@ -92,7 +114,7 @@ def _shown(part: object) -> str:
 
 def _http(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+    return JSONResponse({"error": _encodable(str(exc.detail))}, status_code=exc.status_code)
 
 
 def _unexpected(request: Request, exc: Exception) -> JSONResponse:

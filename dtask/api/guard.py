@@ -1,10 +1,14 @@
 """What every request meets first: on a route that needs a token, the token is checked before
 a byte of the body is read; then the body is bounded by DTASK_API_MAX_BODY (413 from its
-Content-Length, or as soon as a streamed body passes it). FastAPI reads a body before it runs
-a route's dependencies, so this cannot be one: it is ASGI middleware, outside the app."""
+Content-Length, or as soon as a streamed body passes it) and by DTASK_API_BODY_TIMEOUT (408
+when the whole body has not arrived in that many seconds). A path that needs no token (the
+dashboard's files, the OpenAPI document and its viewer) takes no body: one announced is refused
+at once, unread. FastAPI reads a body before it runs a route's dependencies, so this cannot be
+one: it is ASGI middleware, outside the app."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 from starlette.concurrency import run_in_threadpool
@@ -35,11 +39,14 @@ class Guard:
         headers = Headers(scope=scope)
         has_body = "content-length" in headers or "transfer-encoding" in headers
         try:
-            if self.needs_token(_route_path(scope)):
+            if not self.needs_token(_route_path(scope)):
+                if _announces_body(headers):  # none of the open paths takes one
+                    raise _no_body()
+            else:
                 token = await run_in_threadpool(auth.verified, headers.get("authorization"))
                 scope = {**scope, auth.TOKEN: token}
-            if has_body:
-                receive = await _bounded(receive, headers, _limit())
+                if has_body:
+                    receive = await _bounded(receive, headers, _limit(), _body_timeout())
         except _Gone:
             return
         except DtaskError as exc:
@@ -65,6 +72,27 @@ def _limit() -> int:
     return services.current().settings.api_max_body
 
 
+def _body_timeout() -> float:
+    return services.current().settings.api_body_timeout
+
+
+def _announces_body(headers: Headers) -> bool:
+    """A body of at least one byte may follow the head (``Content-Length: 0`` announces none)."""
+    if "transfer-encoding" in headers:
+        return True
+    return any(v.strip() not in ("", "0") for v in headers.getlist("content-length"))
+
+
+def _no_body() -> errors.Refused:
+    return errors.Refused("this path takes no request body: send none", 413)
+
+
+def _too_slow(seconds: float) -> errors.Refused:
+    return errors.Refused(
+        f"the request's body did not arrive within DTASK_API_BODY_TIMEOUT ({seconds:g} s)", 408
+    )
+
+
 def _too_large(limit: int) -> errors.Refused:
     return errors.Refused(
         f"the request's body is over DTASK_API_MAX_BODY ({limit} bytes): send less"
@@ -73,13 +101,23 @@ def _too_large(limit: int) -> errors.Refused:
     )
 
 
-async def _bounded(receive: Receive, headers: Headers, limit: int) -> Receive:
-    """The body read whole, but never past ``limit`` bytes, and replayed to the app."""
+async def _bounded(receive: Receive, headers: Headers, limit: int, seconds: float) -> Receive:
+    """The body read whole, but never past ``limit`` bytes nor ``seconds``, and replayed to
+    the app."""
     announced = headers.get("content-length", "")
     digits = announced.isascii() and announced.isdigit()
     if digits and (len(announced) > 12 or int(announced) > limit):
         raise _too_large(limit)
     chunks: list[bytes] = []
+    try:
+        async with asyncio.timeout(seconds):
+            await _read(receive, chunks, limit)
+    except TimeoutError:
+        raise _too_slow(seconds) from None
+    return _replay(chunks, receive)
+
+
+async def _read(receive: Receive, chunks: list[bytes], limit: int) -> None:
     size, more = 0, True
     while more:
         message = await receive()
@@ -91,7 +129,6 @@ async def _bounded(receive: Receive, headers: Headers, limit: int) -> Receive:
             raise _too_large(limit)
         chunks.append(chunk)
         more = message.get("more_body", False)
-    return _replay(chunks, receive)
 
 
 def _replay(chunks: list[bytes], receive: Receive) -> Receive:

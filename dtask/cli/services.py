@@ -303,6 +303,11 @@ def run_worker(extra: Sequence[str]) -> int:
     from dtask.worker.adopt import install_worker_side
 
     tier, extra = tiered(extra)
+    if {"-h", "--help"} & set(extra):  # Celery's help needs no services started
+        from dtask.cli import celery_start
+        from dtask.worker.app import app
+
+        return celery_start.start(app, "worker", ["--help"])
     app = configure()
     services.import_database_driver()  # before any fork: see its docstring
     if tier is not Tier.BASIC and is_redis(str(app.conf.broker_url)):

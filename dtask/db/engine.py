@@ -17,7 +17,7 @@ from sqlalchemy.pool import ConnectionPoolEntry
 from dtask.db import pooler
 from dtask.domain.limits import MAIN_PROCESS_CONNECTIONS, POOL_PROCESS_CONNECTIONS
 from dtask.exceptions import DatabaseUnavailable
-from dtask.settings import Settings
+from dtask.settings import Settings, shown_url
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def unreachable(exc: OperationalError, engine: Engine) -> DatabaseUnavailable:
     """The one-line error for an OperationalError: the connection, or the server's real cause
     (a deadlock, a full disk, a cancelled statement), named as such."""
     reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown_url(engine.url)
     state = getattr(exc.orig, "sqlstate", None)
     if state is None or state.startswith(_CONNECTION_STATES):
         return DatabaseUnavailable(

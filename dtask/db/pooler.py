@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from dtask.db import watchdog
+from dtask.settings import shown_url
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def watch(engine: Engine, mode: str, options: str, network_timeout: float) -> No
     the server refuses or drops the options (then as through a pooler, said once in the
     log). Either way each connection's round trips are bounded by ``network_timeout`` on this
     process's clock (dtask.db.watchdog)."""
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown_url(engine.url)
 
     def connect(dialect: Any, *cargs: Any, **cparams: Any) -> Any:
         if dialect.driver != "psycopg":

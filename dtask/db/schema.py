@@ -15,6 +15,7 @@ from sqlalchemy.exc import OperationalError
 
 from dtask.db.engine import unreachable
 from dtask.exceptions import SchemaMismatch
+from dtask.settings import shown_url
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 HEAD = "0037"
@@ -114,7 +115,7 @@ def upgrade(engine: Engine) -> None:
 def refuse_newer(engine: Engine, revision: str | None) -> None:
     """A schema written by a newer dtask: one line, before Alembic's own error."""
     if revision is not None and revision not in known_revisions():
-        where = engine.url.render_as_string(hide_password=True)
+        where = shown_url(engine.url)
         raise SchemaMismatch(
             f"PostgreSQL at {where} has dtask schema {revision}, newer than this dtask knows"
             f" (up to {HEAD}): upgrade dtask on this machine"
@@ -131,7 +132,7 @@ def ensure(engine: Engine, migrate: bool) -> None:
     if migrate:
         upgrade(engine)
         return
-    where = engine.url.render_as_string(hide_password=True)
+    where = shown_url(engine.url)
     if revision is None:
         have = "has no dtask schema"
     else:

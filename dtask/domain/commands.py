@@ -51,6 +51,8 @@ class Command:
             raise TemplateDefinitionError(
                 'with shell = true, command is one line of shell: command = ["..."]'
             )
+        if any("\0" in text for text in (*self.argv, *self.env.values())):
+            raise TemplateDefinitionError("command and env may not hold a NUL character")
         if self.shell:
             shell.script(self.argv[0])  # a placeholder where a value would not stay data
         for key in ("env", "env_pass"):

@@ -13,7 +13,7 @@ from enum import Enum
 from itertools import islice
 from typing import Any, TypeVar
 
-from dtask.domain.limits import json_bytes
+from dtask.domain.limits import json_bytes, json_problem
 from dtask.domain.stealing import cut
 from dtask.exceptions import ChildStopped, InvalidCheckpoint, LeaseLost
 
@@ -172,6 +172,9 @@ class ChildContext:
             size = json_bytes(state)
         except (TypeError, ValueError) as exc:
             raise InvalidCheckpoint(f"{what} is not JSON: {exc}") from None
+        problem = json_problem(state)
+        if problem is not None:
+            raise InvalidCheckpoint(f"{what} holds {problem}, which PostgreSQL cannot store")
         if self._max_checkpoint is not None and size > self._max_checkpoint:
             raise InvalidCheckpoint(
                 f"{what} is {size:,} bytes of JSON, over the limit of {self._max_checkpoint:,}"
@@ -204,6 +207,12 @@ class ChildContext:
             raise InvalidCheckpoint(
                 f"run {self.run_id} child {self.index}'s ctx.state is not JSON: {exc}"
             ) from None
+        problem = json_problem(state)
+        if problem is not None:
+            raise InvalidCheckpoint(
+                f"run {self.run_id} child {self.index}'s ctx.state holds {problem}, which"
+                " PostgreSQL cannot store"
+            )
         return {"done": done, "state": state}
 
     def should_stop(self) -> bool:

@@ -121,6 +121,24 @@ def text_problem(text: str) -> str | None:
     return None
 
 
+def json_problem(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb would refuse ``value`` (already JSON), if it would: a string or
+    key holding a NUL or a lone surrogate. Walked without recursion: any depth is read."""
+    todo = [value]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, str):
+            problem = text_problem(node)
+            if problem is not None:
+                return f"a string that {problem}"
+        elif isinstance(node, dict):
+            todo.extend(node.keys())
+            todo.extend(node.values())
+        elif isinstance(node, list | tuple):
+            todo.extend(node)
+    return None
+
+
 def check_text(what: str, text: str, max_length: int, error: type[DtaskError]) -> str:
     problem = text_problem(text)
     if problem is not None:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from dtask.domain.limits import json_problem
 from dtask.exceptions import InvalidResult
 
 Reduce = Callable[[list[Any]], Any]
@@ -20,6 +21,9 @@ def encode_result(value: Any, limit: int, what: str, setting: str) -> str | None
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidResult(f"{what} returned {type(value).__name__}, not JSON: {exc}") from None
+    problem = json_problem(value)
+    if problem is not None:
+        raise InvalidResult(f"{what} returned {problem}, which PostgreSQL cannot store")
     size = len(text.encode())
     if size > limit:
         raise InvalidResult(

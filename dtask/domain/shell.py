@@ -15,14 +15,34 @@ from dataclasses import dataclass
 from dtask.domain.placeholders import PLACEHOLDER
 from dtask.exceptions import TemplateDefinitionError
 
-# where a placeholder may not stand: inside arithmetic, a ${...} expansion, a here-document's
-# line or body (to the end of the line's text), right after a backslash
+# where a placeholder may not stand: inside arithmetic, a ${...} expansion, backticks, $'...',
+# a here-document's line or body (to the end of the line's text), right after a backslash
 _REFUSED = {
     "$((": "inside $((...)): arithmetic evaluates its text again",
     "${": "inside a ${...} expansion: its quoting differs between shells",
+    "`": "inside backticks, whose backslashes are undone before their text is parsed again"
+    " (write $(...))",
+    "$'": "inside $'...'",
     "<<": "after << (a here-document): its body is not expanded as a word",
     "\\": "right after a backslash, which would quote the value's opening quote",
 }
+# words after which no placeholder of the line may stand anywhere: bash evaluates a value
+# as arithmetic there (an array index in it runs a command), or parses it again; a case
+# pattern's ")" inside $(...) and a line continuation are not followed by the scan below
+_LINE_REFUSED = {
+    "((": "(( )) evaluates its text as arithmetic in bash",
+    "[[": "[[ ]] evaluates -eq and the like as arithmetic in bash",
+    "$[": "$[ ] is arithmetic in bash",
+    "let": "let evaluates its arguments as arithmetic",
+    "declare": "declare -i makes later assignments arithmetic in bash",
+    "typeset": "typeset -i makes later assignments arithmetic in bash",
+    "local": "local -i makes later assignments arithmetic in bash",
+    "eval": "eval parses its arguments as shell again",
+    "case": "a case inside $(...) is not followed by the check of the placeholders' quoting",
+    "\\\n": "a line continuation (backslash-newline) is not followed by the check",
+}
+_WORDS = ("let", "declare", "typeset", "local", "eval")
+_BREAKS = " \t\n;&|()<>"
 
 
 @dataclass(frozen=True)
@@ -52,7 +72,13 @@ def script(line: str) -> Script:
     text = "".join(_MARK if p is None else p for p in pieces)
     names: list[str] = []
     out: list[str] = []
-    places = iter(zip(found, _contexts(text), strict=True))
+    contexts, refused = _contexts(text)
+    if refused is not None and found:
+        raise TemplateDefinitionError(
+            f"${{{found[0]}}} stands in a line where {_LINE_REFUSED[refused]}; write that part"
+            " in a script file of its own, its values as arguments"
+        )
+    places = iter(zip(found, contexts, strict=True))
     for piece in pieces:
         if piece is not None:
             out.append(piece)
@@ -74,33 +100,46 @@ def script(line: str) -> Script:
 _MARK = "\ue000"  # where a placeholder stands, while the line is scanned: a word's character
 
 
-def _contexts(text: str) -> list[str]:
+def _contexts(text: str) -> tuple[list[str], str | None]:
     """POSIX sh's quoting, as far as a placeholder's place needs: for each _MARK, the quote
-    or expansion it stands in (innermost; a refused one wherever it is open)."""
+    or expansion it stands in (innermost; a refused one wherever it is open); and the first
+    construct of _LINE_REFUSED the line holds, if any."""
     stack: list[str] = []
-    depth: list[int] = []  # open parentheses inside each "$(" (a subshell's, a case's)
+    depth: list[int] = []  # open parentheses inside each "$(" (a subshell's)
     found: list[str] = []
+    refused = "\\\n" if "\\\n" in text else None
     i = 0
     while i < len(text):
         c = text[i]
         top = stack[-1] if stack else ""
+        word = top in ("", "$(") and (i == 0 or text[i - 1] in _BREAKS)
         i += 1
         if c == _MARK:
             found.append(_context(stack))
         elif top == "'":
             if c == "'":
                 stack.pop()
-        elif top == "<<":
-            continue
+        elif top in ("<<", "#"):
+            if top == "#" and c == "\n":
+                stack.pop()
         elif c == "\\":
             if text[i : i + 1] == _MARK:
                 found.append("\\")
             i += 1  # the next character is quoted
+        elif top == "$'":
+            if c == "'":
+                stack.pop()
+        elif word and c == "#":
+            stack.append("#")  # a comment, to the end of its line
+        elif word and (hit := _refused_word(text, i - 1, top)) is not None:
+            refused = refused or hit
         elif c == "$" and text.startswith("((", i):
             stack.append("$((")
             depth.append(0)
             i += 2
-        elif c == "$" and text[i : i + 1] in ("(", "{"):
+        elif c == "$" and text[i : i + 1] in ("(", "{", "'", "["):
+            if text[i] == "[":
+                refused = refused or "$["
             stack.append("$" + text[i])
             depth.append(0)
             i += 1
@@ -114,7 +153,7 @@ def _contexts(text: str) -> list[str]:
                 stack.pop()
         elif c in ('"', "'"):
             stack.append(c)
-        elif top == "${" and c == "}":
+        elif top in ("${", "$[") and c in ("}", "]"):
             stack.pop()
             depth.pop()
         elif top in ("$(", "$((") and c in ("(", ")"):
@@ -129,7 +168,19 @@ def _contexts(text: str) -> list[str]:
                 depth.pop()
         elif c == "<" and text.startswith("<", i):
             stack.append("<<")
-    return found
+    return found, refused
+
+
+def _refused_word(text: str, at: int, top: str) -> str | None:
+    """The _LINE_REFUSED construct that starts a word at ``at``, if one does."""
+    for mark in ("((", "[["):
+        if text.startswith(mark, at):
+            return mark
+    for word in (*_WORDS, "case"):
+        end = at + len(word)
+        if text.startswith(word, at) and (end == len(text) or text[end] in _BREAKS):
+            return None if word == "case" and top != "$(" else word
+    return None
 
 
 def _context(stack: list[str]) -> str:

@@ -215,3 +215,18 @@ def test_each_command_line_the_fuzz_found_a_traceback_in_is_one_line(
     assert done.stderr.startswith("dtask: error: ") and done.stderr.count("\n") == 1, done.stderr
     assert says in done.stderr
     assert counts() == before
+
+
+def test_dtask_worker_help_starts_no_service(tmp_path: Path) -> None:
+    """Before, `dtask worker --help` ran initdb and left PostgreSQL and Redis running."""
+    import os
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DTASK_")}
+    shown = subprocess.run(
+        [DTASK, "worker", "--help"], env={**env, "DTASK_HOME": str(home)}, cwd=REPO,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "Usage: dtask worker" in shown.stdout
+    assert not home.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -155,3 +156,34 @@ def test_the_cli_says_busy_and_exits_4(capped: None) -> None:
     assert done.returncode == 4, done.stderr
     assert done.stderr.startswith(f"dtask: error: busy: client '{client}' has 1 unfinished run (")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("clients", [1, 10], ids=["one client", "ten clients"])
+def test_concurrent_bulk_submits_in_one_process_never_pass_the_cap(
+    settings_from: Callable[[dict[str, str]], None], clients: int
+) -> None:
+    """Security review: ten threads of one process (as ``dtask serve`` answers ten parallel
+    ``POST /api/v1/runs/batch``) each submitting 100 runs to a queue capped at 100, no worker
+    running. Each submit reserves what it admits in the process's cached counts, so within
+    one process the queue never passes its cap by more than one submit: one client gets
+    exactly the cap, and ten clients (each below its share) never more than twice it."""
+    settings_from({"DTASK_MAX_BACKLOG": "100"})
+    q, names = queue(), [new_client() for _ in range(clients)]
+    start, outcomes = threading.Barrier(10), [list[str]() for _ in range(10)]
+
+    def bulk(i: int) -> None:
+        start.wait()
+        found = dtask.submit_many(
+            "tagged", [{"n": 1, "delay": 0}] * 100, queue=q, client=names[i % clients]
+        )
+        outcomes[i] = [s.outcome.value for s in found]
+
+    threads = [threading.Thread(target=bulk, args=(i,)) for i in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    created = sum(o.count("created") for o in outcomes)
+    assert {v for o in outcomes for v in o} <= {"created", "busy"} and all(outcomes)
+    assert count(q) == created
+    assert (created == 100) if clients == 1 else (100 <= created <= 200), created

@@ -100,3 +100,31 @@ def _parsed(data: bytes, sent: int, seconds: float, closed: bool) -> Upload:
     length = int(headers.get("content-length", len(rest)))
     body = json.loads(rest[:length]) if length else None
     return Upload(int(lines[0].split()[1]), sent, seconds, closed, headers, body)
+
+
+def trickle(
+    base: str, path: str, token: str | None, size: int, every: float, give_up: float
+) -> Upload:
+    """A POST of ``size`` bytes (Content-Length) sent one byte every ``every`` seconds until an
+    answer comes or ``give_up`` seconds have passed: a body that never quite stops."""
+    url = urllib.parse.urlsplit(base)
+    head = [f"POST {url.path}{path} HTTP/1.1", f"Host: {url.netloc}"]
+    head += ["Content-Type: application/json", f"Content-Length: {size}"]
+    if token:
+        head.append(f"Authorization: Bearer {token}")
+    with socket.create_connection((url.hostname, url.port or 80), timeout=60) as sock:
+        start = time.monotonic()
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        sent = 0
+        while sent < size and time.monotonic() - start < give_up:
+            if select.select([sock], [], [], every)[0]:
+                break  # an answer (or the close) came
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += 1
+        seconds = time.monotonic() - start
+        sock.settimeout(5)
+        data, closed = _read(sock)
+    return _parsed(data, sent, seconds, closed)

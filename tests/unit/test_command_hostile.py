@@ -40,7 +40,9 @@ POSITIONS = [
     "printf '%s' \"x${v}x\" | sed -e 's/^x//' -e 's/x$//'",
     "printf '%s' 'x${v}x' | sed -e 's/^x//' -e 's/x$//'",
     "printf '%s' \"$$(printf '%s' \"${v}\")\"",
-    "printf '%s' \"`printf '%s' \"${v}\"`\"",
+    '# don\'t follow links, "quoted"\nprintf \'%s\' "${v}"',
+    "printf '%s' \"$$(# it's a comment\nprintf '%s' ${v})\"",
+    "case x in x) printf '%s' \"${v}\";; esac",
     "v=${v}; printf '%s' \"$$v\"",
 ]
 
@@ -69,6 +71,16 @@ def test_a_value_never_becomes_shell_text(line: str, value: str) -> None:
         ("echo $${X:-${n}}", r"\$\{n\} stands inside a \$\{\.\.\.\} expansion"),
         ("cat <<EOF\n${n}\nEOF", r"\$\{n\} stands after << \(a here-document\)"),
         ("echo \\${n}", r"\$\{n\} stands right after a backslash"),
+        ('echo "`echo \\"${n}\\"`"', r"\$\{n\} stands inside backticks"),
+        ("echo $$'it\\'s ${n}'", r"\$\{n\} stands inside \$'\.\.\.'"),
+        ("(( ${n} > 1 ))", r"\(\( \)\) evaluates its text as arithmetic in bash"),
+        ("[[ ${n} -gt 1 ]]", r"\[\[ \]\] evaluates -eq"),
+        ("let x=${n}+1", "let evaluates its arguments as arithmetic"),
+        ("declare -i x; x=${n}", "declare -i makes later assignments arithmetic"),
+        ("echo $$[${n}+1]", r"\$\[ \] is arithmetic in bash"),
+        ("eval echo ${n}", "eval parses its arguments as shell again"),
+        ('echo "$$(case a in a) echo;; esac) ${n}"', r"a case inside \$\(\.\.\.\)"),
+        ("echo $$\\\n((${n}+1))", "a line continuation"),
     ],
 )
 def test_a_placeholder_where_a_value_would_not_stay_data_is_refused_when_loaded(
@@ -278,3 +290,27 @@ def test_a_sigkilled_pool_process_takes_the_whole_tree(tree: Path) -> None:
     finally:
         pool.kill()
         pool.wait(10)
+
+
+@pytest.mark.parametrize("value", ["\x00", "\ud800", {"k\x00": 1}, [[["x\udfff"]]]])
+def test_a_result_or_checkpoint_postgresql_cannot_store_fails_the_attempt(value: object) -> None:
+    """Before, such a result reached the batch that finishes one-child runs together, failed
+    its transaction and left the other runs of the batch to run again."""
+    from dtask.domain.results import encode_result
+    from dtask.exceptions import InvalidCheckpoint, InvalidResult
+
+    with pytest.raises(InvalidResult, match="PostgreSQL cannot store"):
+        encode_result(value, 10_000, "child", "DTASK_MAX_CHILD_RESULT")
+    ctx, _, _ = context()
+    with pytest.raises(InvalidCheckpoint, match=r"PostgreSQL cannot store|surrogates not allowed"):
+        ctx.checkpoint(value)
+    ctx.state["x"] = value
+    with pytest.raises(InvalidCheckpoint, match="PostgreSQL cannot store"):
+        _ = ctx._progress(1)
+
+
+def test_a_nul_in_a_command_is_refused_when_loaded() -> None:
+    with pytest.raises(TemplateDefinitionError, match="NUL"):
+        Command(("echo", "a\x00b"))
+    with pytest.raises(TemplateDefinitionError, match="NUL"):
+        Command(("echo",), env={"X": "\x00"})
