@@ -5,6 +5,7 @@ written in one. Run in this process on the real PostgreSQL, whose statements the
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def store(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Store:
 
     configure()  # what a worker does first: its broker and backend, the templates ("tiny")
     # this process has seen tiny's children take a millisecond: a message runs all its runs
-    monkeypatch.setitem(inline_runs._child_seconds, "tiny", 0.001)
+    monkeypatch.setitem(inline_runs._child_seconds, "tiny", deque([0.001]))
     return services.store()
 
 
