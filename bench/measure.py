@@ -49,6 +49,39 @@ def wait_run(engine: Engine, run_id: int, timeout: float, poll: float = 0.02) ->
     raise TimeoutError(f"run {run_id} not finished after {timeout} s")
 
 
+ROW_TABLES = ("dtask_children", "dtask_runs")
+
+
+def row_writes(engine: Engine) -> dict[str, int]:
+    """Rows inserted, updated and deleted so far in the tables a run's children write, as
+    PostgreSQL counts them (pg_stat_user_tables), once its backends' counters have settled:
+    PostgreSQL 15 publishes an idle backend's 10 s after its last (PGSTAT_IDLE_INTERVAL)."""
+
+    def read() -> dict[str, int]:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT relname, n_tup_ins + n_tup_upd + n_tup_del AS w"
+                    " FROM pg_stat_user_tables WHERE relname = ANY(:names)"
+                ),
+                {"names": list(ROW_TABLES)},
+            ).all()
+        return {r.relname: int(r.w) for r in rows}
+
+    seen = read()
+    for _ in range(6):
+        time.sleep(11)
+        again = read()
+        if again == seen:
+            break
+        seen = again
+    return seen
+
+
+def writes_per_child(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    return {t: (after.get(t, 0) - before.get(t, 0)) / n for t in ROW_TABLES}
+
+
 def dtask_fanout(engine: Engine, n: int, roles: dict[int, str], rss: bool = False) -> FanOut:
     import dtask
 

@@ -32,6 +32,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from bench import measure
 from bench.cluster import REPO, Workers, prepare_environment
 
 SYSTEMS = ("dtask", "celery", "chunks", "dramatiq", "procrastinate")
@@ -49,6 +50,8 @@ AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/dtask-bench"
 AMQP_QUEUES = ("dtask", "dtask.regular", "dtask.premium", "raw", "default", "default.DQ",
                "default.XQ")  # fmt: skip
 OUT = REPO / "bench" / "out" / "peers.md"
+# dtask's children run since the counters were read, and per table their row writes
+WRITES: dict[str, float] = {}
 
 
 def client(module: str, n: int, *extra: str) -> float:
@@ -69,11 +72,10 @@ def one(
     PostgreSQL, the submitting client) for one run of N children; ``by_role`` gets the CPU
     seconds per role ("dtask main", "dtask pool", "postgres", "bench" for this process and
     its clients...)."""
-    from bench import measure
-
     before, clients = cluster_cpu(roles), _children_cpu()
     if system == "dtask":
         took = measure.dtask_fanout(engine, n, {}).seconds
+        WRITES["children"] = WRITES.get("children", 0) + n
     elif system == "celery":
         took = measure.raw_fanout(n, {}).seconds
     elif system == "chunks":  # on stock Celery's workers
@@ -197,6 +199,8 @@ def main() -> int:
         roles.update(services_pids(resolved.settings.home))
         for system in systems:  # warm-up: imports, connections, queues
             one(system, 100, engine, roles)
+        rows = measure.row_writes(engine) if "dtask" in systems else {}
+        WRITES.clear()
         for n in [int(s) for s in args.sizes.split(",")]:
             big = n >= args.big
             chosen = tuple(s for s in systems if not big or s in big_systems)
@@ -220,6 +224,10 @@ def main() -> int:
                         f" {used / n * 1000:.2f} ms CPU per child ({shares})",
                         flush=True,
                     )
+        if WRITES:
+            per = measure.writes_per_child(rows, measure.row_writes(engine), WRITES["children"])
+            WRITES.update(per)
+            print(f"dtask: row writes per child {per}", flush=True)
     finally:
         workers.stop_all()
         services.reset()
@@ -373,6 +381,17 @@ def _table(
             for s in ran
         ]
         lines.append(f"| {n:,} | " + " | ".join(per) + " |")
+    if WRITES:
+        tables = [t for t in WRITES if t != "children"]
+        lines += [
+            "",
+            "dtask's PostgreSQL row writes per child, over all its runs above (inserted, updated"
+            " and deleted rows in pg_stat_user_tables):",
+            "",
+            "| " + " | ".join(tables) + " |",
+            "|---:" * len(tables) + "|",
+            "| " + " | ".join(f"{WRITES[t]:.2f}" for t in tables) + " |",
+        ]
     return "\n".join(lines)
 
 
