@@ -9,7 +9,7 @@ queues (``World.client``, ``World.queue``) and reads only its own runs."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +22,7 @@ from dtask.db.inline import Inline
 from dtask.db.recovery import Redispatch
 from dtask.db.run_reads import Graph
 from dtask.db.runs import Chained, Reducer
+from dtask.db.workers import LiveSlots
 from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share
 from dtask.domain.runs import ChildState, NewRun, RunState, RunStatus
@@ -52,7 +53,7 @@ class Runs(Protocol):
     def split(
         self,
         run_id: int,
-        plan: Callable[[RunRecord], Sequence[str | Mapping[str, Any]]],
+        plan: Callable[[RunRecord, LiveSlots], Sequence[str | Mapping[str, Any]]],
         wait: bool = True,
         deferred: bool = False,
         offer: Inline | None = None,
@@ -127,6 +128,8 @@ class Recovery(Protocol):
 
 # (children, max_attempts, execution cap) -> a run created and split, not dispatched
 MakeRun = Callable[[int, int, float | None], int]
+# (the children's specs, max_attempts) -> the same
+MakeSpecs = Callable[[Sequence[Mapping[str, Any]], int], int]
 
 
 @dataclass
@@ -142,6 +145,8 @@ class World:
     workers: Workers
     force: Callable[[int, RunState], None]  # the run's state set, nothing settled
     output: Callable[[int, int], str | None]  # the last lines the child printed, as kept
+    make_specs: MakeSpecs
+    spec: Callable[[int, int], dict[str, Any]]  # the child's spec as stored (a range cut)
 
     def client(self, **limits: Any) -> str:
         """A new client of this test's own (``Client``'s settings as keywords)."""
@@ -214,6 +219,30 @@ class World:
         self.expire(run_id, index)
         return self.claim(run_id, index, owner)
 
+    def ranges(self, *bounds: tuple[int, int]) -> int:
+        """A dispatched run whose children hold the ranges ``bounds`` ({"a", "b"})."""
+        run_id = self.make_specs([{"a": a, "b": b} for a, b in bounds], 2)
+        assert self.runs.dispatch(run_id, lambda run, sent: None) is RunState.RUNNING
+        return run_id
+
+    def message(
+        self, run_id: int, indexes: Iterable[int], owner: str = "batch", ttl: float = 30
+    ) -> dict[int, Claim]:
+        """A message of the run's children taken by ``owner``: those that can be taken."""
+        return self.children.claim_many(run_id, list(indexes), owner, ttl)
+
+    def lapse(self, run_id: int, indexes: Iterable[int]) -> None:
+        """The lease of a message's children has run out (its worker died or hung)."""
+        for index in indexes:
+            self.expire(run_id, index)
+
+    def steal(self, run_id: int, indexes: Iterable[int], owner: str = "thief") -> dict[int, Claim]:
+        """Another worker takes these children of a held message away from its holder (as it
+        can today once their leases ran out): those it could take."""
+        taken = list(indexes)
+        self.lapse(run_id, taken)
+        return self.message(run_id, taken, owner)
+
     def view(self, run_id: int, index: int = 0) -> ChildView:
         seen = self.children.view(run_id, index)
         assert seen is not None
@@ -235,6 +264,9 @@ def memory() -> World:
         specs = [{"i": i} for i in range(children)]
         return store.runs.add("t", specs, max_attempts, cap, {"n": children})
 
+    def make_specs(specs: Sequence[Mapping[str, Any]], max_attempts: int) -> int:
+        return store.runs.add("t", specs, max_attempts, None, {})
+
     def expire(run_id: int, index: int) -> None:
         store.row(run_id, index).lease_expires_at = store.tables.clock() - 1
 
@@ -244,6 +276,7 @@ def memory() -> World:
     return World(
         "memory", store.children, store.runs, make, expire, store.dispatch, store.clients,
         store.recovery, store.workers, force, lambda run, i: store.row(run, i).output,
+        make_specs, lambda run, i: dict(store.row(run, i).spec),
     )  # fmt: skip
 
 
@@ -254,6 +287,13 @@ def postgresql(store: Store) -> World:
         run_id, created = store.runs.create(new)
         assert created
         specs = [{"i": i} for i in range(children)]
+        assert store.runs.split(run_id, lambda run, slots: specs) is RunState.SPLITTING
+        return run_id
+
+    def make_specs(specs: Sequence[Mapping[str, Any]], max_attempts: int) -> int:
+        new = NewRun("t", f"contract:{uuid.uuid4()}", {}, max_attempts, None)
+        run_id, created = store.runs.create(new)
+        assert created
         assert store.runs.split(run_id, lambda run, slots: specs) is RunState.SPLITTING
         return run_id
 
@@ -278,7 +318,15 @@ def postgresql(store: Store) -> World:
         detail = store.children.detail(run_id, index)
         return None if detail is None else detail.output
 
+    def spec(run_id: int, index: int) -> dict[str, Any]:
+        with store.engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT spec FROM dtask_children WHERE run_id = :r AND index = :i"),
+                {"r": run_id, "i": index},
+            ).scalar_one()
+        return dict(found)
+
     return World(
         "postgresql", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, store.workers, force, output,
+        store.recovery, store.workers, force, output, make_specs, spec,
     )  # fmt: skip
