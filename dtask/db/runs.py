@@ -124,7 +124,10 @@ class RunStore(BulkInserts):
 
         With ``offer`` (deferred only), a run of one child that the dispatcher would send at
         once goes straight to running with its child taken for the caller, who runs it
-        (:func:`dtask.db.inline.take`)."""
+        (:func:`dtask.db.inline.take`).
+
+        The table's statistics are not refreshed here: the caller asks for that
+        (``refresh_statistics``) once the run's first children are on their way."""
         with self.db.tx() as conn:
             if not lock_run(conn, run_id, wait):
                 return self._record(conn, run_id).state
@@ -147,7 +150,6 @@ class RunStore(BulkInserts):
                     offer.template = run.template
                     return RunState.RUNNING
             self._insert_children(conn, run_id, run.max_attempts, specs, deferred)
-            split = len(specs)
             conn.execute(
                 sql(f"UPDATE dtask_runs SET {inline.SPLIT} WHERE id = :id AND state = 'pending'"),
                 {
@@ -157,8 +159,12 @@ class RunStore(BulkInserts):
                     "unsent": len(specs) if deferred else 0,
                 },
             )
-        statistics.after_split(self.db, split)
         return RunState.SPLITTING
+
+    def refresh_statistics(self, children: int) -> None:
+        """After a split of ``children`` has been dispatched: its statistics work, off the
+        path of its first message (``statistics.after_split``)."""
+        statistics.after_split(self.db, children)
 
     @staticmethod
     def _insert_children(

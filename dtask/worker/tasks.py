@@ -88,6 +88,7 @@ def run_master(
     would send at once is not sent: ``inline`` gets its child, for the caller to run. With
     ``send``, the children go to it instead of the broker (test mode: dtask/worker/eager.py)."""
     settings = services.current().settings
+    planned: list[int] = []
 
     def plan(run: RunRecord, slots: LiveSlots) -> list[str]:
         try:
@@ -101,12 +102,14 @@ def run_master(
                 f" {bound:g} s; load it on the workers with DTASK_TEMPLATES)"
             ) from None
         with time_limit(settings.split_timeout, f"the split of template {template.name!r}"):
-            return template.plan(
+            specs = template.plan(
                 run.variables,
                 settings.max_children,
                 settings.max_child_spec,
                 slots=partial(slots, settings.worker_seen_within),
             )
+        planned.append(len(specs))
+        return specs
 
     deferred = send is None and settings.dispatch == "window"  # the dispatcher sends them
     # an operator's DTASK_DISPATCH_WINDOW bounds every child out: none runs past it inline
@@ -124,6 +127,7 @@ def run_master(
         state = store.runs.dispatch(run_id, send or send_chord, wait=wait, deferred=deferred)
         if deferred and state is RunState.RUNNING:
             dispatcher.nudge()
+        store.runs.refresh_statistics(sum(planned))  # the first children are on their way
     return state
 
 

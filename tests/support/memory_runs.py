@@ -147,6 +147,9 @@ class MemoryRuns:
             self._split(run, RunState.SPLITTING, len(specs), len(specs) if deferred else 0)
             return RunState.SPLITTING
 
+    def refresh_statistics(self, children: int) -> None:
+        """Nothing to plan here."""
+
     def _child(self, run: RunRow, index: int, spec: Any, sent_at: float | None) -> ChildRow:
         child = ChildRow(next(self._child_ids), run.id, index, spec, run.max_attempts)
         child.sent_at = sent_at
