@@ -7,6 +7,7 @@ above the domain.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -155,9 +156,10 @@ class Template:
                 f"template {self.name!r}: skeleton is not JSON: {exc}"
             ) from None
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
-        """Its child function is ``async def`` (dtask/worker/coroutines.py runs it)."""
+        """Its child function is ``async def`` (dtask/worker/coroutines.py runs it); asked
+        for each child, so asked of ``inspect`` once."""
         return inspect.iscoroutinefunction(self.function)
 
     def validate(self, variables: Mapping[str, Any]) -> dict[str, Any]:

@@ -191,22 +191,27 @@ class _Beater:
                 self._changed.wait(wait)
 
 
-_the_beater: tuple[int, _Beater] | None = None
+_the_beater: _Beater | None = None
 _lock = threading.Lock()
 
 
 def _beater() -> _Beater:
-    # Per process: a forked pool process does not inherit the parent's thread.
+    # Per process: a forked pool process does not inherit the parent's thread, and forgets
+    # the parent's beater (below). Asked twice for each child: no lock once it exists.
     global _the_beater
+    beater = _the_beater
+    if beater is not None:
+        return beater
     with _lock:
-        if _the_beater is None or _the_beater[0] != os.getpid():
-            _the_beater = (os.getpid(), _Beater())
-        return _the_beater[1]
+        if _the_beater is None:
+            _the_beater = _Beater()
+        return _the_beater
 
 
 def _reset_after_fork() -> None:
-    global _lock
+    global _lock, _the_beater
     _lock = threading.Lock()
+    _the_beater = None
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
