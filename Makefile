@@ -98,9 +98,9 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,local,flower,api,bench]'
 	touch $(BENCH_STAMP)
 
-# Not part of `make test`: about 18 minutes (the peers take most of it). bench.peers: dtask,
-# stock Celery, Celery chunks(100), Dramatiq and Procrastinate side by side (10,000 and 100,000
-# children); 3,000 small runs; a minute of submits at twice the capacity (bench.overload, runs of
+# Not part of `make test`: about 11 minutes. bench.peers: dtask, stock Celery, Celery
+# chunks(100), Dramatiq and Procrastinate side by side at 10,000 children, dtask and chunks(100)
+# at 100,000 too (stock Celery and Dramatiq took 4 minutes each there: 18.6 minutes in all); 3,000 small runs; a minute of submits at twice the capacity (bench.overload, runs of
 # a 1-ms child on 2 processes, then of a 50-ms child on 4); latency while a 100,000-child run is busy; a straggler with and without stealing (docs/elastic.md); then bench.run (cost per child, latency, failover, profile).
 # Writes docs/benchmarks.md and docs/benchmarks/*.png.
 bench: $(BENCH_STAMP)

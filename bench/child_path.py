@@ -68,7 +68,9 @@ def main() -> int:
         per = {role: f"{1e6 * s / len(timed):.0f} us" for role, s in cpu.items()}
         print(f"{1e6 * seconds / len(timed):.0f} us wall per child; CPU per child: {per}")
         if profiler:
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+            if os.environ.get("BENCH_PROFILE_OUT"):
+                profiler.dump_stats(os.environ["BENCH_PROFILE_OUT"])
+            pstats.Stats(profiler).sort_stats(os.environ.get("BENCH_SORT", "cumulative")).print_stats(int(os.environ.get("BENCH_TOP", "25")))
     finally:
         embedded.stop(Path(os.environ["DTASK_HOME"]))
     return 0
