@@ -87,6 +87,22 @@ class RunReads:
             upstreams = deps.waiting_for(conn, [run_id]).get(run_id, ([], []))
             return _status(row, self._counts(conn, run_id), upstreams)
 
+    def unsplit(self, run_ids: list[int]) -> list[int]:
+        """Those of ``run_ids`` whose master has yet to split them (pending, or splitting: a
+        master that died mid-split), in the order given: a ``dtask.masters`` message sends
+        back only these (a cancelled backlog's messages had gone round one run a hop)."""
+        with self.db.tx() as conn:
+            left = set(
+                conn.execute(
+                    sql(
+                        "SELECT id FROM dtask_runs WHERE id = ANY(:ids)"
+                        " AND state IN ('pending', 'splitting')"
+                    ),
+                    {"ids": run_ids},
+                ).scalars()
+            )
+        return [i for i in run_ids if i in left]
+
     def graph(self, run_id: int) -> Graph:
         """The run, what it waits for (transitively) and what waits for it."""
         with self.db.tx() as conn:

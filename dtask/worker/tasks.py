@@ -210,6 +210,8 @@ def _masters(self: Task, template: str, priority: int, ids: list[int]) -> None:
     seen = child_seconds(template)
     here = 1 if seen is None else batch_size(seen)
     if len(ids) > here:
+        ids = store.runs.unsplit(ids)  # a cancelled or finished run has no master to run
+    if len(ids) > here:
         _send_back(template, priority, ids[here:])
         ids = ids[:here]
     if together(template):

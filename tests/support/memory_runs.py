@@ -118,6 +118,11 @@ class MemoryRuns:
         with self.t.lock:
             return self._run(run_id).record()
 
+    def unsplit(self, run_ids: list[int]) -> list[int]:
+        waiting = (RunState.PENDING, RunState.SPLITTING)
+        with self.t.lock:
+            return [i for i in run_ids if (r := self.t.runs.get(i)) and r.state in waiting]
+
     def split(
         self,
         run_id: int,
