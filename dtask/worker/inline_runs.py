@@ -41,9 +41,9 @@ _child_seconds: dict[str, deque[float]] = {}
 def child_seconds(template: str) -> float | None:
     """How long ``template``'s children take in this process, if it ran any: the shortest of
     the last SEEN. A busy machine only adds to a child's time, and a process's first child
-    of a template pays its imports: an average of those had made children of a millisecond
-    look like 50 ms and sent every run as a message of its own (a CI run: 483 messages for
-    300 runs). A template whose children are long has no short one to show."""
+    of a template pays its imports: an average of those could make children of a
+    millisecond look past BATCH_SECONDS, and a message then runs one run and sends the rest
+    back. A template whose children are long has no short one to show."""
     times = _child_seconds.get(template)
     return min(times) if times else None
 

@@ -60,8 +60,10 @@ def exporter(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
     return spans
 
 
-def _of_trace(traces: Path, trace_id: str, finalized: int) -> list[Span]:
-    """The workers' spans of the trace, once the finalize of run ``finalized`` is among them."""
+def _of_trace(traces: Path, trace_id: str, finalized: int, children: int = 0) -> list[Span]:
+    """The workers' spans of the trace, once the finalize of run ``finalized`` is among them
+    and its messages' spans name ``children`` children: each process writes its own spans as
+    they end, and a message that ended before the finalize may be written after it."""
 
     def found() -> list[Span]:
         spans = [s for s in read(traces) if s["trace_id"] == trace_id]
@@ -69,7 +71,13 @@ def _of_trace(traces: Path, trace_id: str, finalized: int) -> list[Span]:
             s["name"] == "dtask.finalize" and s["attributes"]["dtask.run.id"] == finalized
             for s in spans
         )
-        return spans if done else []
+        named = {
+            i
+            for s in spans
+            if s["name"] == "dtask.children"
+            for i in s["attributes"]["dtask.child.indices"]
+        }
+        return spans if done and len(named) >= children else []
 
     return wait_for(found, 60, f"the finalize span of run {finalized}")  # type: ignore[no-any-return]
 
@@ -97,7 +105,7 @@ def test_one_trace_from_submit_to_finalize_across_worker_processes(
         "dtask.run.created": True,
     }
     trace_id = submit["trace_id"]
-    spans = _of_trace(traces, trace_id, run.id)
+    spans = _of_trace(traces, trace_id, run.id, children=10)
     assert {s["pid"] for s in spans}.isdisjoint({os.getpid()})
 
     master = _one(spans, "dtask.master")
