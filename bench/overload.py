@@ -44,9 +44,10 @@ def _run_of(child_ms: float) -> tuple[str, dict[str, Any]]:
     return "bench_sleep", {"n": 1, "delay": child_ms / 1000}
 
 
-def submitter(rate: float, seconds: float, child_ms: float) -> None:
+def submitter(rate: float, seconds: float, child_ms: float, queue: str | None = None) -> None:
     """In a submitter process: warm up, say "ready", read the common start (epoch seconds)
-    on stdin, submit ``rate`` runs a second until ``seconds`` after it; print one JSON line."""
+    on stdin, submit ``rate`` runs a second until ``seconds`` after it (to ``queue`` if given);
+    print one JSON line."""
     import dtask
     from dtask.exceptions import Busy, DtaskError
 
@@ -62,7 +63,7 @@ def submitter(rate: float, seconds: float, child_ms: float) -> None:
             time.sleep(due - time.time())
         sent, began = time.time(), time.perf_counter()
         try:
-            dtask.submit(template, variables)
+            dtask.submit(template, variables, queue=queue)
             outcome = "created"
         except Busy:
             outcome = "busy"
@@ -93,15 +94,16 @@ def _last_id(engine: Any) -> int:
         return int(conn.execute(text("SELECT coalesce(max(id), 0) FROM dtask_runs")).scalar_one())
 
 
-def _finished_at(engine: Any, base: int) -> list[float]:
+def _finished_at(engine: Any, base: int, hi: int | None = None) -> list[float]:
     from sqlalchemy import text
 
     query = text(
-        "SELECT extract(epoch FROM finished_at) FROM dtask_runs"
-        " WHERE id > :base AND state = 'succeeded' ORDER BY finished_at"
+        "SELECT extract(epoch FROM finished_at) FROM dtask_runs WHERE id > :base"
+        " AND (CAST(:hi AS bigint) IS NULL OR id <= :hi) AND state = 'succeeded'"
+        " ORDER BY finished_at"
     )
     with engine.connect() as conn:
-        return [float(t) for (t,) in conn.execute(query, {"base": base})]
+        return [float(t) for (t,) in conn.execute(query, {"base": base, "hi": hi})]
 
 
 def _drain(engine: Any, base: int, bound: float) -> float:
@@ -115,11 +117,16 @@ def _drain(engine: Any, base: int, bound: float) -> float:
 
 
 def _submitters(
-    count: int, rate: float, seconds: float, cap: int | None, child_ms: float
+    count: int,
+    rate: float,
+    seconds: float,
+    cap: int | None,
+    child_ms: float,
+    queue: str | None = None,
 ) -> list[Any]:
     env = {**os.environ, **({"DTASK_MAX_BACKLOG": str(cap)} if cap else {})}
     argv = [sys.executable, "-m", "bench.overload", "--submitter", str(rate / count),
-            "--child-ms", str(child_ms)]  # fmt: skip
+            "--child-ms", str(child_ms), *(["--queue", queue] if queue else [])]  # fmt: skip
     procs = [
         subprocess.Popen(
             [*argv, "--seconds", str(seconds)],
@@ -140,10 +147,18 @@ def _submitters(
 
 def _release(procs: list[Any], start: float, bound: float) -> tuple[list[list[Any]], float]:
     """Start the submitters together at ``start``: their events, and the CPU they used."""
+    _go(procs, start)
+    return _reports(procs, bound)
+
+
+def _go(procs: list[Any], start: float) -> None:
     for proc in procs:
         assert proc.stdin is not None
         proc.stdin.write(f"{start}\n")
         proc.stdin.flush()
+
+
+def _reports(procs: list[Any], bound: float) -> tuple[list[list[Any]], float]:
     reports = [json.loads(p.communicate(timeout=bound)[0].splitlines()[-1]) for p in procs]
     return [e for r in reports for e in r["events"]], sum(r["cpu"] for r in reports)
 
@@ -172,6 +187,52 @@ def capacity(engine: Any, submitters: int, workers: list[Any], child_ms: float) 
     return (hi - lo) / (done[hi] - done[lo])
 
 
+ELSEWHERE = "bench-overload-elsewhere"  # a queue no worker consumes
+LOADED_WINDOW = 10.0  # seconds the loaded capacity is measured over
+
+
+def loaded_capacity(
+    engine: Any, submitters: int, workers: list[Any], child_ms: float, rate: float, cap: int
+) -> float:
+    """The workers' capacity with the same submitters running, in the same run: a queue filled
+    while the workers are frozen (as ``capacity``), drained while the submitters submit at
+    the offered ``rate`` under the same cap to a queue no worker consumes (each submit costs
+    what the load's do: the cap's count, the run's row, its pickup); completions per second
+    of the filled queue while they run, between the 10th and the 90th percentile."""
+    from sqlalchemy import text
+
+    loaded = _submitters(submitters, rate, LOADED_WINDOW, cap, child_ms, ELSEWHERE)
+    seconds = max(2.0, 8.0 / child_ms)
+    filling = _submitters(submitters, 1e9, seconds, None, child_ms)
+    base = _last_id(engine)
+    for proc in workers:
+        os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        _release(filling, time.time() + 0.5, seconds + 600)
+        hi = _last_id(engine)
+        start = time.time() + 0.5
+        _go(loaded, start)
+        time.sleep(max(0.0, start - time.time()))
+    finally:
+        for proc in workers:
+            os.killpg(proc.pid, signal.SIGCONT)
+    _reports(loaded, LOADED_WINDOW + 600)
+    with engine.begin() as conn:  # the load's runs were only its cost: none will run
+        conn.execute(
+            text(
+                "UPDATE dtask_runs SET state = 'cancelled', finished_at = now()"
+                f" WHERE queue = :q AND {UNFINISHED}"
+            ),
+            {"q": ELSEWHERE},
+        )
+    _drain(engine, base, 600)
+    done = [t for t in _finished_at(engine, base, hi) if start <= t <= start + LOADED_WINDOW]
+    if len(done) < 100:
+        raise RuntimeError(f"only {len(done)} runs finished while the submitters ran")
+    lo, up = len(done) // 10, 9 * len(done) // 10
+    return (up - lo) / (done[up] - done[lo])
+
+
 def overload(
     seconds: float,
     factor: float,
@@ -192,8 +253,10 @@ def overload(
         workers.ready(workers.dtask(concurrency))
         found = capacity(engine, submitters, workers.procs, child_ms)
         rate, cap = factor * found, int(backlog_seconds * found)
-        print(f"capacity {found:.0f} runs/s; submitting {rate:.0f}/s for {seconds:g} s,"
-              f" DTASK_MAX_BACKLOG {cap}", flush=True)  # fmt: skip
+        loaded = loaded_capacity(engine, submitters, workers.procs, child_ms, rate, cap)
+        print(f"capacity {found:.0f} runs/s alone, {loaded:.0f} with the submitters running;"
+              f" submitting {rate:.0f}/s for {seconds:g} s, DTASK_MAX_BACKLOG {cap}",
+              flush=True)  # fmt: skip
         procs = _submitters(submitters, rate, seconds, cap, child_ms)  # each warmed up
         base = _last_id(engine)
         start = time.time() + 0.5
@@ -217,6 +280,10 @@ def overload(
         services.reset()
         embedded.stop(work / "home")
     out = _summary(found, rate, cap, seconds, events, finished, backlog, drained)
+    loaded_goodput = [g * found / loaded for g in out["goodput_by_window"]]
+    out["capacity_loaded_per_s"] = loaded
+    out["goodput_loaded_min"] = min(loaded_goodput)
+    out["goodput_loaded_mean"] = statistics.fmean(loaded_goodput)
     out["submitters_cpu_share"] = cpu / seconds / (os.cpu_count() or 1)
     out["child_ms"], out["concurrency"], out["pickup"] = child_ms, concurrency, pickup
     return out
@@ -290,7 +357,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rates.plot(result["submitted_each_second"], label="runs created per second")
     rates.plot(result["refused_each_second"], label="submits refused (busy) per second")
     rates.plot(result["completed_each_second"], label="runs finished per second")
-    rates.axhline(result["capacity_per_s"], color="grey", linestyle="--", label="capacity")
+    rates.axhline(result["capacity_per_s"], color="grey", linestyle="--", label="capacity alone")
+    if "capacity_loaded_per_s" in result:
+        rates.axhline(
+            result["capacity_loaded_per_s"],
+            color="black",
+            linestyle="--",
+            label="capacity with the submitters running",
+        )
     rates.axvline(result["seconds"], color="black", linestyle=":", label="submits stop")
     rates.set_xlabel("seconds")
     rates.set_ylabel("per second")
@@ -317,9 +391,11 @@ def markdown(r: dict[str, Any], submitters: int) -> str:
             f"`python -m bench.overload --seconds {r['seconds']:g}{flags}`: {submitters}"
             f" processes offer {r['offered_per_s']:.0f} runs a second of one {r['child_ms']:g}-ms"
             f" child (`dtask.submit`, open loop) for {r['seconds']:g} s to {r['concurrency']}"
-            f" worker processes that finish {r['capacity_per_s']:.0f} a second (measured first:"
-            " how fast they drain runs submitted one by one, with no submitter running), with"
-            " `DTASK_MAX_BACKLOG`"
+            f" worker processes that finish {r['capacity_per_s']:.0f} a second alone (measured"
+            " first: how fast they drain runs submitted one by one, with no submitter running)"
+            f" and {r.get('capacity_loaded_per_s', float('nan')):.0f} a second with the same"
+            " submitters running (the same drain while they submit at the offered rate, under"
+            " the same cap, to a queue no worker consumes), with `DTASK_MAX_BACKLOG`"
             f" {r['max_backlog']:,} ({r['max_backlog'] / r['capacity_per_s']:.0f} s of work).",
             "",
             "| | |",
@@ -330,8 +406,11 @@ def markdown(r: dict[str, Any], submitters: int) -> str:
             f" {r['submit_ms']['p99']:.0f} / {r['submit_ms']['max']:.0f} ms |",
             f"| submit latency, busy (p50 / p99) | {r['busy_ms']['p50']:.0f} /"
             f" {r['busy_ms']['p99']:.0f} ms |",
-            f"| goodput per 5 s window, of capacity (lowest / mean) | {r['goodput_min']:.0%} /"
-            f" {r['goodput_mean']:.0%} |",
+            f"| goodput per 5 s window, of capacity alone (lowest / mean) |"
+            f" {r['goodput_min']:.0%} / {r['goodput_mean']:.0%} |",
+            "| goodput per 5 s window, of capacity with the submitters running (lowest / mean)"
+            f" | {r.get('goodput_loaded_min', float('nan')):.0%} /"
+            f" {r.get('goodput_loaded_mean', float('nan')):.0%} |",
             f"| submitters' CPU, share of the machine's {os.cpu_count()} cores |"
             f" {r['submitters_cpu_share']:.0%} |",
             f"| backlog drained after the submits stopped | {r['drain_seconds']:.1f} s"
@@ -359,9 +438,10 @@ def main() -> int:
     parser.add_argument("--child-ms", type=float, default=1.0, help="each run's one child")
     parser.add_argument("--pickup", choices=("0", "1"), default="1", help="DTASK_PICKUP")
     parser.add_argument("--submitter", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--queue", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.submitter is not None:
-        submitter(args.submitter, args.seconds, args.child_ms)
+        submitter(args.submitter, args.seconds, args.child_ms, args.queue)
         return 0
     began = time.monotonic()
     result = overload(
