@@ -91,17 +91,17 @@ class RunReads:
         """Those of ``run_ids`` whose master has yet to split them (pending, or splitting: a
         master that died mid-split), in the order given: a ``dtask.masters`` message sends
         back only these (a cancelled backlog's messages had gone round one run a hop)."""
-        with self.db.tx() as conn:
-            left = set(
-                conn.execute(
-                    sql(
-                        "SELECT id FROM dtask_runs WHERE id = ANY(:ids)"
-                        " AND state IN ('pending', 'splitting')"
-                    ),
-                    {"ids": run_ids},
-                ).scalars()
-            )
+        left = self._in_states(run_ids, (RunState.PENDING, RunState.SPLITTING))
         return [i for i in run_ids if i in left]
+
+    def _in_states(self, run_ids: Sequence[int], states: Sequence[RunState]) -> set[int]:
+        """Which of ``run_ids`` are in one of ``states``, in one query."""
+        with self.db.tx() as conn:
+            found = conn.execute(
+                sql("SELECT id FROM dtask_runs WHERE id = ANY(:ids) AND state = ANY(:states)"),
+                {"ids": list(run_ids), "states": [s.value for s in states]},
+            ).scalars()
+            return set(found)
 
     def graph(self, run_id: int) -> Graph:
         """The run, what it waits for (transitively) and what waits for it."""
@@ -203,15 +203,7 @@ class RunReads:
     def finished_among(self, run_ids: Sequence[int]) -> set[int]:
         """Which of ``run_ids`` have finished (what every long poll of a server waits on, in
         one query)."""
-        with self.db.tx() as conn:
-            rows = conn.execute(
-                sql(
-                    "SELECT id FROM dtask_runs WHERE id = ANY(:ids)"
-                    " AND state IN ('succeeded', 'failed', 'cancelled')"
-                ),
-                {"ids": list(run_ids)},
-            ).all()
-        return {r.id for r in rows}
+        return self._in_states(run_ids, [s for s in RunState if s.finished])
 
     def statuses(
         self,
