@@ -130,6 +130,8 @@ class ChildReads:
             letters = conn.execute(
                 sql(
                     "SELECT string_agg(CASE WHEN state = 'pending' AND sent_at IS NULL"
+                    # below the mark: in a message the dispatcher sent (queued.QUEUED)
+                    "   AND index >= (SELECT sent_through FROM dtask_runs WHERE id = :run)"
                     "   THEN 'w' ELSE left(state, 1) END, '' ORDER BY index)"
                     " FROM dtask_children WHERE run_id = :run"
                 ),

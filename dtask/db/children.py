@@ -16,6 +16,7 @@ from sqlalchemy import Row
 from dtask.db import steals
 from dtask.db.child_reads import ChildReads
 from dtask.db.database import ASYNC_COMMIT, sql
+from dtask.db.queued import SEEN
 from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
@@ -229,15 +230,23 @@ class ChildStore(ChildReads):
         reaching a child spends none of its attempts: a child taken before counts its
         attempt as it starts (``start``); one taken for the first time (fence 1) only with
         its finish or failure (``write_batch``, ``fail_attempt``), so a worker killed while
-        it runs spends none, and the next take, not a first, counts as it starts."""
+        it runs spends none, and the next take, not a first, counts as it starts. The
+        dispatcher's row of the message is marked taken (``queued.SEEN``)."""
         with self.db.owner() as conn:
             rows = conn.execute(
                 sql(
-                    f"UPDATE dtask_children SET {_TAKE}, started_at = coalesce(started_at, now())"
+                    f"WITH seen AS ({SEEN})"
+                    f" UPDATE dtask_children SET {_TAKE}, started_at = coalesce(started_at, now())"
                     f" WHERE run_id = :run AND index = ANY(:indexes) AND {_TAKEABLE}"
                     f" RETURNING index AS position, {_TAKEN}"
                 ),
-                {"run": run_id, "indexes": indexes, "owner": owner, "ttl": lease_ttl},
+                {
+                    "run": run_id,
+                    "indexes": indexes,
+                    "lo": min(indexes, default=-1),
+                    "owner": owner,
+                    "ttl": lease_ttl,
+                },
             ).all()
         return {r.position: _claim(r, first_with_others=True) for r in rows}
 

@@ -5,6 +5,7 @@ commits (a crash in between only re-sends; the claim's fence drops the copy)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,10 +16,11 @@ from sqlalchemy import Connection
 
 from dtask.db.clients import CLIENT_COLUMNS, client_from_row
 from dtask.db.database import DISPATCH_LOCK, Database, sql
-from dtask.db.recovery import Redispatch, redispatch_from_row
+from dtask.db.queued import QUEUED
+from dtask.db.recovery import Redispatch
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.clients import Client
-from dtask.domain.dispatch import Demand, Share
+from dtask.domain.dispatch import Demand, Share, messages
 from dtask.exceptions import LeaseLost
 
 RUNS_PER_CLIENT = 200  # a client's runs of one template in one queue a pass reads at most
@@ -124,33 +126,68 @@ class DispatchPass:
         clients = {name: found.get(name) or Client(name) for name in names}  # no row: no limits
         return {n: Share(c.weight, c.max_running, out.get(n, 0)) for n, c in clients.items()}
 
-    def take(self, run_id: int, count: int) -> list[Redispatch]:
-        """The run's next ``count`` unsent children, in index order, marked sent now."""
+    def take(self, run_id: int, count: int, batch: int = 1) -> list[list[Redispatch]]:
+        """The run's next ``count`` unsent children, in index order, as the messages they go
+        in (``batch`` at most to one, ``dtask.domain.dispatch.messages``), marked sent now:
+        a lone child's row by its ``sent_at``, a message of several by a row of its own in
+        ``dtask_messages`` (none of its children is written) and the run's mark past them.
+
+        Read from the run's mark up: the children below it were taken, written or not."""
         rows = self.conn.execute(
             sql(
-                "UPDATE dtask_children c SET sent_at = now() FROM dtask_runs r"
-                " WHERE c.id IN (SELECT id FROM dtask_children WHERE run_id = :run"
-                "   AND state = 'pending' AND sent_at IS NULL ORDER BY index LIMIT :n)"
-                " AND r.id = c.run_id"
-                " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+                "SELECT r.id AS run_id, c.index AS position, c.spec, r.template, r.group_id,"
+                " r.queue"
+                " FROM dtask_runs r, LATERAL (SELECT index, CAST(spec AS text) AS spec"
+                "   FROM dtask_children c WHERE c.run_id = r.id AND c.index >= r.sent_through"
+                "   AND c.state = 'pending' AND c.sent_at IS NULL ORDER BY c.index LIMIT :n) c"
+                " WHERE r.id = :run"
             ),
             {"run": run_id, "n": count},
         ).all()
-        if len(rows) == count:
-            self.conn.execute(
-                sql("UPDATE dtask_runs SET unsent = greatest(unsent - :n, 0) WHERE id = :run"),
-                {"run": run_id, "n": count},
-            )
-        else:  # the count was off (a stray old message claimed one): count again
-            self.conn.execute(
-                sql(
-                    "UPDATE dtask_runs SET unsent = (SELECT count(*) FROM dtask_children"
-                    " WHERE run_id = :run AND state = 'pending' AND sent_at IS NULL)"
-                    " WHERE id = :run"
-                ),
-                {"run": run_id},
-            )
-        return sorted((redispatch_from_row(r) for r in rows), key=lambda c: c.index)
+        children = [
+            Redispatch(r.run_id, r.position, json.loads(r.spec), r.template, r.group_id, r.queue)
+            for r in rows
+        ]
+        groups, at = [], 0
+        for size in messages([_json_bytes(r.spec) for r in rows], batch):
+            groups.append(children[at : at + size])
+            at += size
+        several = [g for g in groups if len(g) > 1]
+        self.conn.execute(
+            sql(
+                "WITH m AS (INSERT INTO dtask_messages (run_id, lo, hi, children)"
+                "   SELECT :run, g.lo, g.hi, g.n FROM unnest(CAST(:los AS int[]),"
+                "   CAST(:his AS int[]), CAST(:ns AS int[])) AS g(lo, hi, n)"
+                "   ON CONFLICT (run_id, lo) DO UPDATE SET hi = excluded.hi,"
+                "   children = excluded.children, sent_at = now(), claimed_at = NULL),"
+                " one AS (UPDATE dtask_children SET sent_at = now() WHERE run_id = :run"
+                "   AND index = ANY(CAST(:lone AS int[])) AND state = 'pending')"
+                " UPDATE dtask_runs SET sent_through = greatest(sent_through, :mark),"
+                # the count was off (a stray old message claimed one): count again
+                " unsent = CASE WHEN :exact THEN greatest(unsent - :n, 0) ELSE"
+                "   (SELECT count(*) FROM dtask_children WHERE run_id = :run"
+                "   AND state = 'pending' AND sent_at IS NULL"
+                "   AND index >= greatest(dtask_runs.sent_through, :mark)) END"
+                " WHERE id = :run"
+            ),
+            {
+                "run": run_id,
+                "los": [g[0].index for g in several],
+                "his": [g[-1].index for g in several],
+                "ns": [len(g) for g in several],
+                "lone": [g[0].index for g in groups if len(g) == 1],
+                "mark": children[-1].index + 1 if children else 0,
+                "exact": len(children) == count,
+                "n": count,
+            },
+        )
+        return groups
+
+
+def _json_bytes(text: str) -> int:
+    """What a spec's JSON text (PostgreSQL's) weighs in a message's body, at most: kombu
+    escapes each character past ASCII as up to twelve."""
+    return len(text) if text.isascii() else 12 * len(text)
 
 
 def out_rows(conn: Connection, client: str | None = None) -> list[Any]:
@@ -161,8 +198,7 @@ def out_rows(conn: Connection, client: str | None = None) -> list[Any]:
             sql(
                 "SELECT r.queue, r.client, r.template,"
                 " sum(c.queued)::int AS queued, sum(c.running)::int AS running"
-                " FROM (SELECT run_id, count(*) AS queued, 0 AS running FROM dtask_children"
-                "   WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
+                f" FROM (SELECT run_id, n AS queued, 0 AS running FROM ({QUEUED}) q"
                 "  UNION ALL"
                 "  SELECT run_id, 0, count(*) FROM dtask_children"
                 "   WHERE state = 'running' AND lease_expires_at IS NOT NULL"  # its index

@@ -106,6 +106,9 @@ class RunRow(Base):
     notify_error: Mapped[str | None] = mapped_column(Text)
     notified_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     unsent: Mapped[int] = mapped_column(Integer, server_default=text("0"))  # children not sent
+    # the dispatcher has taken its children below this index (DTASK_DISPATCH=window): a
+    # pending child below it whose sent_at is NULL is in a message of dtask_messages
+    sent_through: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     # a child's time in a pool process, claim to finish (a moving average its workers keep):
     # how many of its children the dispatcher puts in one message
     child_seconds: Mapped[float | None] = mapped_column(Float)
@@ -248,6 +251,27 @@ class ChildRow(Base):
         ),
         # the dispatcher's count of each running run's children out in the broker
         Index(None, "run_id", postgresql_where=text("state = 'pending' AND sent_at IS NOT NULL")),
+    )
+
+
+class MessageRow(Base):
+    """A message of several children of a run the dispatcher sent (``lo``..``hi``, ``children``
+    of them), its children not written when it was: unclaimed (``claimed_at`` NULL) it is out
+    in the broker, and lost once it has been for a stall timeout (``RecoveryStore``)."""
+
+    __tablename__ = "dtask_messages"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("dtask_runs.id", ondelete="CASCADE"))
+    lo: Mapped[int] = mapped_column(Integer)
+    hi: Mapped[int] = mapped_column(Integer)
+    children: Mapped[int] = mapped_column(Integer)
+    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "lo"),  # a worker's claim finds its message by its first child
+        Index(None, "sent_at", postgresql_where=text("claimed_at IS NULL")),
     )
 
 

@@ -131,12 +131,17 @@ class RecoveryStore:
             rows = conn.execute(
                 sql(
                     "SELECT r.queue, r.template, min(r.child_seconds) AS fastest,"
-                    " count(*) AS pending,"
-                    " count(*) FILTER (WHERE c.sent_at < now() - make_interval(secs => :stall))"
-                    "   AS overdue"
-                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE c.state = 'pending' AND c.sent_at IS NOT NULL"  # unsent: not lost
-                    " AND r.state = 'running' GROUP BY r.queue, r.template"
+                    " sum(q.n) AS pending, sum(q.overdue) AS overdue FROM ("
+                    "  SELECT run_id, count(*) AS n, count(*) FILTER (WHERE sent_at < now()"
+                    "   - make_interval(secs => :stall)) AS overdue FROM dtask_children"
+                    "   WHERE state = 'pending' AND sent_at IS NOT NULL"  # unsent: not lost
+                    "   GROUP BY run_id"
+                    "  UNION ALL"  # a message of several's children, as queued.QUEUED
+                    "  SELECT run_id, sum(children), coalesce(sum(children) FILTER (WHERE"
+                    "   sent_at < now() - make_interval(secs => :stall)), 0) FROM dtask_messages"
+                    "   WHERE claimed_at IS NULL GROUP BY run_id) q"
+                    " JOIN dtask_runs r ON r.id = q.run_id"
+                    " WHERE r.state = 'running' GROUP BY r.queue, r.template"
                 ),
                 {"stall": stall},
             ).all()
@@ -176,14 +181,40 @@ class RecoveryStore:
     def take_overdue(
         self, queue: str | None, templates: Sequence[str], stall: float, limit: int
     ) -> list[Redispatch]:
-        """The ``limit`` pending children of running runs of ``templates`` in ``queue`` sent
-        longest ago (over ``stall`` seconds), marked sent now: the caller re-sends them.
+        """About ``limit`` pending children of running runs of ``templates`` in ``queue`` sent
+        longest ago (over ``stall`` seconds), marked sent now: the caller re-sends them, each
+        on its own. A message of several not taken (``dtask_messages``) goes whole: its
+        children still pending and unwritten are marked sent, the message taken.
 
         Oldest first: in a queue each broker delivers in order, so a lost message is older than
         every message still waiting; only the queue's head and messages held by workers
         (prefetched, or a retry's countdown) come before it."""
+        params = {"queue": queue, "templates": list(templates), "stall": stall}
         with self.db.tx() as conn:
-            rows = conn.execute(
+            rows = list(
+                conn.execute(
+                    sql(
+                        "WITH o AS (SELECT m.id, m.children,"
+                        "   sum(m.children) OVER (ORDER BY m.sent_at, m.id) AS upto"
+                        "   FROM dtask_messages m JOIN dtask_runs q ON q.id = m.run_id"
+                        "   WHERE m.claimed_at IS NULL"
+                        "   AND m.sent_at < now() - make_interval(secs => :stall)"
+                        "   AND q.state = 'running' AND q.queue IS NOT DISTINCT FROM :queue"
+                        "   AND q.template = ANY(:templates)"
+                        "   ORDER BY m.sent_at, m.id LIMIT :limit),"
+                        " m AS (UPDATE dtask_messages m SET claimed_at = now() FROM o"
+                        "   WHERE m.id = o.id AND o.upto - o.children < :limit"
+                        "   AND m.claimed_at IS NULL RETURNING m.run_id, m.lo, m.hi)"
+                        " UPDATE dtask_children c SET sent_at = now() FROM m, dtask_runs r"
+                        " WHERE c.run_id = m.run_id AND c.index BETWEEN m.lo AND m.hi"
+                        " AND c.state = 'pending' AND c.sent_at IS NULL"
+                        " AND r.id = c.run_id AND c.index < r.sent_through"
+                        " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
+                    ),
+                    {**params, "limit": limit},
+                ).all()
+            )
+            rows += conn.execute(
                 sql(
                     "UPDATE dtask_children c SET sent_at = now() FROM dtask_runs r"
                     " WHERE c.id IN ("
@@ -196,10 +227,10 @@ class RecoveryStore:
                     " AND r.id = c.run_id"
                     " RETURNING c.run_id, c.index, c.spec, r.template, r.group_id, r.queue"
                 ),
-                {"queue": queue, "templates": list(templates), "stall": stall, "limit": limit},
+                {**params, "limit": max(limit - len(rows), 0)},
             ).all()
             counters.add(conn, counters.REDISPATCHED, len(rows))
-        return [redispatch_from_row(r) for r in rows]
+        return sorted((redispatch_from_row(r) for r in rows), key=lambda c: (c.run_id, c.index))
 
     def note_lost(self, queue: str, missing: int, resent: int) -> None:
         """The reaper found ``queue``'s broker ``missing`` messages short and re-sent

@@ -254,7 +254,8 @@ class RunStore(BulkInserts):
     @staticmethod
     def _defer_pending(conn: Connection, run_id: int) -> None:
         """Every pending child of the run waits for the dispatcher (a rerun's, a stuck run's
-        children that were sent long ago are sent again by it)."""
+        children that were sent long ago are sent again by it): its mark goes back to the
+        first child and its messages are forgotten."""
         conn.execute(
             sql(
                 "UPDATE dtask_children SET sent_at = NULL WHERE run_id = :id"
@@ -262,10 +263,12 @@ class RunStore(BulkInserts):
             ),
             {"id": run_id},
         )
+        conn.execute(sql("DELETE FROM dtask_messages WHERE run_id = :id"), {"id": run_id})
         conn.execute(
             sql(
-                "UPDATE dtask_runs SET unsent = (SELECT count(*) FROM dtask_children"
-                " WHERE run_id = :id AND state = 'pending' AND sent_at IS NULL) WHERE id = :id"
+                "UPDATE dtask_runs SET sent_through = 0, unsent = (SELECT count(*)"
+                " FROM dtask_children WHERE run_id = :id AND state = 'pending'"
+                " AND sent_at IS NULL) WHERE id = :id"
             ),
             {"id": run_id},
         )

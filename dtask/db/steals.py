@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtask.db.database import Database, lock_run, sql
+from dtask.db.queued import QUEUED
 from dtask.domain.stealing import Running
 from dtask.exceptions import LeaseLost
 
@@ -113,12 +114,11 @@ class StealStore:
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT coalesce(r.queue, '') AS queue,"
-                    " count(*) + count(*) FILTER (WHERE c.give_away) AS n"
-                    " FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
-                    " WHERE r.state = 'running' AND (c.state = 'running'"
-                    "   OR (c.state = 'pending' AND c.sent_at IS NOT NULL))"
-                    " GROUP BY 1"
+                    "SELECT coalesce(r.queue, '') AS queue, sum(o.n) AS n FROM ("
+                    "  SELECT run_id, count(*) + count(*) FILTER (WHERE give_away) AS n"
+                    "  FROM dtask_children WHERE state = 'running' GROUP BY run_id"
+                    f"  UNION ALL SELECT run_id, n FROM ({QUEUED}) q) o"
+                    " JOIN dtask_runs r ON r.id = o.run_id WHERE r.state = 'running' GROUP BY 1"
                 )
             ).all()
         return {r.queue: int(r.n) for r in rows}

@@ -13,6 +13,7 @@ from sqlalchemy import Connection
 from dtask.db.concurrency import holding
 from dtask.db.database import Database, sql
 from dtask.db.dispatch import out_rows
+from dtask.db.queued import QUEUED
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
@@ -31,6 +32,7 @@ class WaitingReads:
             run = conn.execute(
                 sql(
                     "SELECT id, state, template, queue, client, priority, start_after, unsent,"
+                    " sent_through,"
                     " concurrency_key, max_concurrent, now() AS now FROM dtask_runs WHERE id = :id"
                 ),
                 {"id": run_id},
@@ -59,11 +61,13 @@ class WaitingReads:
             left = conn.execute(
                 sql(
                     "SELECT count(*) FILTER (WHERE state = 'running') AS running,"
-                    " count(*) FILTER (WHERE state = 'pending' AND sent_at IS NOT NULL)"
+                    # below the mark, unwritten: in a message of several (queued.QUEUED)
+                    " count(*) FILTER (WHERE state = 'pending'"
+                    "   AND (sent_at IS NOT NULL OR index < :mark))"
                     " AS queued FROM dtask_children"
                     " WHERE run_id = :id AND state IN ('pending', 'running')"
                 ),
-                {"id": run_id},
+                {"id": run_id, "mark": run.sent_through},
             ).one()
             # the queue's children not yet taken, per run: waiting in PostgreSQL, or sent
             queue = conn.execute(
@@ -72,11 +76,9 @@ class WaitingReads:
                     " SELECT id, priority, unsent AS n FROM dtask_runs"
                     "  WHERE unsent > 0 AND state = 'running' AND coalesce(queue, '') = :q"
                     " UNION ALL"
-                    " SELECT r.id, r.priority, count(*) FROM dtask_children c"
-                    "  JOIN dtask_runs r ON r.id = c.run_id"
-                    "  WHERE c.state = 'pending' AND c.sent_at IS NOT NULL"
-                    "  AND r.state = 'running' AND coalesce(r.queue, '') = :q"
-                    "  GROUP BY r.id, r.priority)"
+                    f" SELECT r.id, r.priority, q.n FROM ({QUEUED}) q"
+                    "  JOIN dtask_runs r ON r.id = q.run_id"
+                    "  WHERE r.state = 'running' AND coalesce(r.queue, '') = :q)"
                     " SELECT coalesce(sum(n) FILTER (WHERE priority > :p), 0) AS higher,"
                     " count(DISTINCT id) FILTER (WHERE id <> :id) AS others,"
                     " (SELECT count(*) FROM dtask_children c JOIN dtask_runs r"

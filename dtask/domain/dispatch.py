@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -107,6 +107,33 @@ def batch_size(child_seconds: float | None) -> int:
     if child_seconds is None or child_seconds >= BATCH_SECONDS:
         return 1
     return max(1, min(MAX_BATCH, int(BATCH_SECONDS / max(child_seconds, 1e-6))))
+
+
+# A message of children is cut where its body would pass this: 400 children of specs near
+# DTASK_MAX_CHILD_SPEC (64 KiB) made 25 MiB, past RabbitMQ 4's default max_message_size (16 MiB:
+# the publish fails, and so does every re-send of it), and held as one in a worker's memory.
+MESSAGE_BYTES = 1 << 20
+# what a message's body holds besides its children's specs: its run, template, group and
+# queue, and each child's index and brackets
+MESSAGE_FRAME, CHILD_FRAME = 4096, 16
+
+
+def messages(spec_bytes: Sequence[int], batch: int) -> list[int]:
+    """How many consecutive children of one run go to each message: ``batch`` at most, and no
+    more than fit MESSAGE_BYTES by their specs' JSON sizes (a lone child goes as it is: its
+    spec is bounded by DTASK_MAX_CHILD_SPEC)."""
+    room = MESSAGE_BYTES - MESSAGE_FRAME
+    sizes: list[int] = []
+    count = used = 0
+    for size in spec_bytes:
+        if count and (count >= batch or used + size + CHILD_FRAME > room):
+            sizes.append(count)
+            count = used = 0
+        count += 1
+        used += size + CHILD_FRAME
+    if count:
+        sizes.append(count)
+    return sizes
 
 
 def plan(

@@ -24,7 +24,7 @@ from dtask.domain.templates import registry
 from dtask.settings import Settings
 from dtask.worker.config import DEFAULT_QUEUE
 from dtask.worker.loop import Loop
-from dtask.worker.messages import Sender, broker_priority, publish
+from dtask.worker.messages import Sender, broker_priority, send
 from dtask.worker.presence import can_run
 
 log = logging.getLogger("dtask.worker")
@@ -118,14 +118,13 @@ class Dispatcher:
                 overrun = 0 if settings.dispatch_window is not None else slots
                 counts = plan_with_newcomers(runs, shares, size - queued, overrun, passes)
                 for run_id, count in counts.items():
-                    children = turn.take(run_id, count)
+                    messages = turn.take(run_id, count, batches[run_id])
                     level = broker_priority(of[run_id].priority, of[run_id].total)
-                    queue_sent += publish(
-                        children, level, through=sender.producer, batch=batches[run_id]
-                    )
+                    sent = send(messages, level, through=sender.producer)
+                    queue_sent += sent
                     # a client with runs in several queues: its cap counts them all
                     client = of[run_id].client
-                    clients_out[client] = clients_out.get(client, 0) + len(children)
+                    clients_out[client] = clients_out.get(client, 0) + sent
                 pace.expected = queued + queue_sent
             return sum(len(runs) for runs in demands.values())
 

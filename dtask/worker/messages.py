@@ -17,7 +17,7 @@ from celery.utils.saferepr import saferepr
 from kombu.utils import json
 
 from dtask.db import Redispatch, RunRecord
-from dtask.domain.dispatch import SMALL_RUN_CHILDREN
+from dtask.domain.dispatch import MESSAGE_BYTES, SMALL_RUN_CHILDREN
 from dtask.exceptions import BrokerUnavailable
 from dtask.settings import is_redis, mask
 from dtask.worker.app import configure, current
@@ -242,11 +242,22 @@ def publish(
     batch: int = 1,
     countdown: float | None = None,
 ) -> int:
+    """``send`` the children, consecutive children of one run ``batch`` to a message."""
+    return send(_batches(children, batch), priority, through, countdown)
+
+
+def send(
+    messages: Iterable[list[Redispatch]],
+    priority: int = RESEND,
+    through: Any = None,
+    countdown: float | None = None,
+) -> int:
     """Send child messages through one producer, pipelined where the broker allows (Redis);
     returns how many children. Through ``through`` if given, else a producer from the app's
-    pool. Consecutive children of one run go ``batch`` to a message (``dtask.children``),
-    run one after the other by one pool process, each still claimed, fenced and finished on
-    its own; a message of one is the ``dtask.child`` that ``child.apply_async`` would send.
+    pool. The children of each of ``messages`` (consecutive children of one run) go in one
+    message (``dtask.children``), run one after the other by one pool process, each still
+    claimed, fenced and finished on its own; a message of one is the ``dtask.child`` that
+    ``child.apply_async`` would send.
 
     Each message is the one ``apply_async`` would send (same headers, body and properties,
     built by Celery's ``create_task_message``) minus the per-call overhead that dominates a
@@ -295,7 +306,7 @@ def publish(
         )
 
     with app.producer_or_acquire(through) as producer, pipelined(producer, PUBLISH_BATCH):
-        for whole in _batches(children, batch):
+        for whole in messages:
             name = whole[0].queue or DEFAULT_QUEUE
             queue = declared.get(name)
             if queue is None:
@@ -318,10 +329,6 @@ def publish(
     return sent
 
 
-# A message of children is cut where its body would pass this: 400 children of specs near
-# DTASK_MAX_CHILD_SPEC (64 KiB) made 25 MiB, past RabbitMQ 4's default max_message_size (16 MiB:
-# the publish fails, and so does every re-send of it), and held as one in a worker's memory.
-MESSAGE_BYTES = 1 << 20
 JSON = "application/json"
 
 
@@ -330,7 +337,8 @@ def _bounded(
 ) -> Iterator[tuple[list[Redispatch], tuple[Any, Any, str]]]:
     """``group`` as messages of MESSAGE_BYTES at most, halved until each fits (a lone child
     goes as it is: its spec is bounded by DTASK_MAX_CHILD_SPEC), in index order; each with its
-    headers, properties and JSON body, serialized once here rather than by the producer."""
+    headers, properties and JSON body, serialized once here rather than by the producer. The
+    dispatcher's messages fit already (``dtask.domain.dispatch.messages``)."""
     stack = [group]
     while stack:
         part = stack.pop()

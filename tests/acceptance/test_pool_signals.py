@@ -170,5 +170,5 @@ def _take(run_id: int, count: int, taken: list[Redispatch]) -> bool:
     with services.store().dispatch.turn() as turn:
         if turn is None:
             return False
-        taken += turn.take(run_id, count)
+        taken += [c for m in turn.take(run_id, count) for c in m]
         return True

@@ -35,7 +35,7 @@ class Published:
     run_id: int
     index: int
     level: int  # the broker priority it went at
-    batch: int  # children of its run per message
+    message: int  # children in its message (one: no run here has measured times)
 
 
 @dataclass
@@ -61,21 +61,20 @@ class Dispatching:
         resolved = services.Services(self.settings, "memory://", "memory://", "memory://")
         published: list[Published] = []
 
-        def publish(
-            children: Iterable[Redispatch],
+        def send(
+            messages: Iterable[list[Redispatch]],
             priority: int = RESEND,
             through: Any = None,
-            batch: int = 1,
             countdown: float | None = None,
         ) -> int:
-            out = [Published(c.run_id, c.index, priority, batch) for c in children]
+            out = [Published(c.run_id, c.index, priority, len(m)) for m in messages for c in m]
             published.extend(out)
             return len(out)
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(services, "store", lambda: store)
             patch.setattr(services, "current", lambda: resolved)
-            patch.setattr(dispatcher, "publish", publish)
+            patch.setattr(dispatcher, "send", send)
             done = dispatcher.Dispatcher(passes=self.passes)._pass(NoBroker(), wait=10)
         assert done is not None, "another pass held the dispatcher's turn for 10 s"
         self.sent.extend(published)

@@ -16,10 +16,16 @@ import pytest
 from dtask.db import Finished, Refusal
 from dtask.db.dispatch import Out
 from dtask.db.inline import Inline
+from dtask.db.recovery import Redispatch
 from dtask.domain.clients import HIGHEST_PRIORITY, LOWEST_PRIORITY
 from dtask.domain.runs import ClaimRefusal, NewRun, RunState
 from dtask.exceptions import LeaseLost
 from tests.contract.worlds import World
+
+
+def indexes(messages: list[list[Redispatch]]) -> list[int]:
+    """The children of the messages a take made, in the order they go."""
+    return [c.index for m in messages for c in m]
 
 
 def unsent(world: World, run_id: int) -> int:
@@ -40,13 +46,13 @@ def test_deferred_children_are_taken_in_order_and_counted(world: World) -> None:
     with world.turn() as turn:
         assert turn is not None
         before = turn.out()[0].get(None)
-        assert [c.index for c in turn.take(run_id, 3)] == [0, 1, 2]
+        assert indexes(turn.take(run_id, 3)) == [0, 1, 2]
         after = turn.out()[0][None]
         assert after.queued - (before.queued if before else 0) == 3
     assert unsent(world, run_id) == 2
     with world.turn() as turn:
         assert turn is not None
-        assert [c.index for c in turn.take(run_id, 10)] == [3, 4]
+        assert indexes(turn.take(run_id, 10)) == [3, 4]
         assert run_id not in {d.run_id for ds in turn.demands().values() for d in ds}
 
 
@@ -199,7 +205,7 @@ def test_the_unsent_count_goes_down_to_nothing_and_no_child_is_taken_twice(world
         counts.append(unsent(world, run_id))
         with world.turn() as turn:
             assert turn is not None
-            taken += [c.index for c in turn.take(run_id, 3)]
+            taken += indexes(turn.take(run_id, 3))
     assert counts == [7, 4, 1] and taken == list(range(7))
     with world.turn() as turn:
         assert turn is not None
@@ -213,7 +219,7 @@ def test_a_child_a_stray_message_claimed_is_not_taken_and_the_count_is_made_agai
     world.claim(run_id, 1)  # a message of an earlier dispatch (a rerun's) claimed it
     with world.turn() as turn:
         assert turn is not None
-        assert [c.index for c in turn.take(run_id, 3)] == [0, 2]
+        assert indexes(turn.take(run_id, 3)) == [0, 2]
     assert run_id not in demanded(world)
 
 
@@ -222,7 +228,7 @@ def test_a_taken_child_carries_what_its_message_needs(world: World) -> None:
     run_id = world.waiting(2, queue=q, template="u")
     with world.turn() as turn:
         assert turn is not None
-        [c] = turn.take(run_id, 1)
+        [[c]] = turn.take(run_id, 1)
     assert (c.run_id, c.index, c.spec, c.template, c.queue) == (run_id, 0, {"i": 0}, "u", q)
     assert c.group_id == world.runs.get(run_id).group_id == f"dtask-{run_id}-1"
 
@@ -231,12 +237,12 @@ def test_a_pass_that_fails_takes_nothing(world: World) -> None:
     run_id = world.waiting(3)
     with pytest.raises(RuntimeError), world.turn() as turn:
         assert turn is not None
-        assert len(turn.take(run_id, 2)) == 2
+        assert len(indexes(turn.take(run_id, 2))) == 2
         raise RuntimeError("the broker went away mid-pass")
     assert unsent(world, run_id) == 3
     with world.turn() as turn:
         assert turn is not None
-        assert [c.index for c in turn.take(run_id, 3)] == [0, 1, 2]
+        assert indexes(turn.take(run_id, 3)) == [0, 1, 2]
 
 
 def test_a_turn_held_idle_past_its_limit_is_lost_and_what_it_took_is_undone(
@@ -245,11 +251,11 @@ def test_a_turn_held_idle_past_its_limit_is_lost_and_what_it_took_is_undone(
     run_id = world.waiting(3)
     with pytest.raises(LeaseLost, match="turn ended"), world.dispatch.turn(0.3, 10) as late:
         assert late is not None
-        assert [c.index for c in late.take(run_id, 2)] == [0, 1]
+        assert indexes(late.take(run_id, 2)) == [0, 1]
         time.sleep(1.0)  # the holder hangs, idle in its turn
         with world.turn() as other:  # another worker's pass takes over
             assert other is not None
-            assert [c.index for c in other.take(run_id, 3)] == [0, 1, 2]
+            assert indexes(other.take(run_id, 3)) == [0, 1, 2]
         late.take(run_id, 1)
     assert run_id not in demanded(world)
 
@@ -320,7 +326,7 @@ def test_a_run_s_first_child_time_says_whether_children_wait_to_be_sized(world: 
     waiting, sent = world.waiting(5), world.waiting(2)
     with world.turn() as turn:
         assert turn is not None
-        assert len(turn.take(sent, 2)) == 2
+        assert len(indexes(turn.take(sent, 2))) == 2
     assert world.children.note_time(waiting, 0.002) is True
     assert world.children.note_time(waiting, 0.004) is False  # measured already
     assert world.children.note_time(sent, 0.002) is False  # nothing waits

@@ -212,7 +212,7 @@ def test_a_cancelled_run_s_message_is_out_until_its_children_stop(world: World) 
     run = world.waiting(5, client=world.client(), queue=q)
     with world.turn() as turn:
         assert turn is not None
-        sent = [c.index for c in turn.take(run, 4)]
+        sent = [c.index for m in turn.take(run, 4) for c in m]
     w = worker(world, run, sent)
     assert sorted(w.claims) == [0, 1, 2, 3]
     first = w.start(0)

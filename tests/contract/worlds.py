@@ -95,7 +95,7 @@ class Pass(Protocol):
         self, runnable: Callable[[str | None, str], bool] = ...
     ) -> tuple[dict[str | None, Out], dict[str, int]]: ...
     def shares(self, names: set[str], out: dict[str, int]) -> dict[str, Share]: ...
-    def take(self, run_id: int, count: int) -> list[Redispatch]: ...
+    def take(self, run_id: int, count: int, batch: int = ...) -> list[list[Redispatch]]: ...
     def live_workers(self, within: float) -> list[WorkerInfo]: ...
 
 
@@ -148,6 +148,7 @@ class World:
     output: Callable[[int, int], str | None]  # the last lines the child printed, as kept
     make_specs: MakeSpecs
     spec: Callable[[int, int], dict[str, Any]]  # the child's spec as stored (a range cut)
+    sent: Callable[[int, int], bool]  # the child's own row says it was sent (its sent_at)
 
     def client(self, **limits: Any) -> str:
         """A new client of this test's own (``Client``'s settings as keywords)."""
@@ -278,6 +279,7 @@ def memory() -> World:
         "memory", store.children, store.runs, make, expire, store.dispatch, store.clients,
         store.recovery, store.workers, force, lambda run, i: store.row(run, i).output,
         make_specs, lambda run, i: dict(store.row(run, i).spec),
+        lambda run, i: store.row(run, i).sent_at is not None,
     )  # fmt: skip
 
 
@@ -327,7 +329,19 @@ def postgresql(store: Store) -> World:
             ).scalar_one()
         return dict(found)
 
+    def sent(run_id: int, index: int) -> bool:
+        with store.engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    text(
+                        "SELECT sent_at IS NOT NULL FROM dtask_children"
+                        " WHERE run_id = :r AND index = :i"
+                    ),
+                    {"r": run_id, "i": index},
+                ).scalar_one()
+            )
+
     return World(
         "postgresql", store.children, store.runs, make, expire, store.dispatch, store.clients,
-        store.recovery, store.workers, force, output, make_specs, spec,
+        store.recovery, store.workers, force, output, make_specs, spec, sent,
     )  # fmt: skip

@@ -86,11 +86,11 @@ def world(dtask_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterato
     store: Store = services.store()
     sent: list[int] = []
 
-    def publish(children: Any, priority: int = 0, through: Any = None, **_: Any) -> int:
-        sent.extend(c.run_id for c in children)
-        return len(children)
+    def send(messages: Any, priority: int = 0, through: Any = None, **_: Any) -> int:
+        sent.extend(c.run_id for m in messages for c in m)
+        return sum(len(m) for m in messages)
 
-    monkeypatch.setattr(dispatcher, "publish", publish)
+    monkeypatch.setattr(dispatcher, "send", send)
     monkeypatch.setattr(dispatcher, "_here", dispatcher.Dispatcher(sender=NoBroker()))
     yield store
     with store.engine.begin() as conn:

@@ -94,7 +94,7 @@ def test_a_new_runs_first_message_goes_through_its_indexes_without_fresh_statist
         )
         with store.dispatch.turn() as turn:
             assert turn is not None
-            sent = turn.take(run_id, MESSAGE)
+            sent = [c for m in turn.take(run_id, MESSAGE, MESSAGE) for c in m]
         assert [c.index for c in sent] == list(range(MESSAGE))
         claims = store.children.claim_many(run_id, [c.index for c in sent], "w:1", 60)
         assert sorted(claims) == list(range(MESSAGE))

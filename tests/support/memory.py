@@ -105,6 +105,9 @@ class MemoryChildren:
     ) -> dict[int, Claim]:
         taken: dict[int, Claim] = {}
         with self.t.lock:
+            message = self.t.messages.get((run_id, min(indexes, default=-1)))
+            if message is not None and message.claimed_at is None:
+                message.claimed_at = self.t.clock()
             for index in sorted(set(indexes)):
                 row = self.t.child(run_id, index)
                 if row is None or not self.t.takeable(row):

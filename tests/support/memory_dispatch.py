@@ -7,6 +7,7 @@ clients' rows and the live workers the dispatcher reads."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,10 +19,10 @@ from dtask.db.clients import _client_or_default
 from dtask.db.dispatch import HOLD, RUNS_PER_CLIENT, TURN_POLL, Out
 from dtask.db.recovery import Redispatch
 from dtask.domain.clients import Client
-from dtask.domain.dispatch import Demand, Share
+from dtask.domain.dispatch import Demand, Share, messages
 from dtask.domain.runs import ChildState, RunState
 from dtask.exceptions import LeaseLost
-from tests.support.memory_rows import RunRow, Tables, jsonb
+from tests.support.memory_rows import MessageRow, RunRow, Tables, jsonb
 
 LOST = (
     "the dispatcher's turn ended: held past its limit (this worker was paused, or the"
@@ -39,6 +40,7 @@ class MemoryPass:
         self.touched = self.t.clock()
         self.lost = False
         self._undo: list[tuple[Any, str, Any]] = []
+        self._added: list[tuple[int, int]] = []  # messages' keys, deleted if rolled back
 
     def idle_too_long(self) -> bool:
         return self.t.clock() - self.touched > self.hold_for
@@ -50,7 +52,10 @@ class MemoryPass:
         """The transaction ends unfinished: what it wrote is rolled back, the turn is free."""
         for row, column, value in reversed(self._undo):
             setattr(row, column, value)
+        for key in self._added:
+            self.t.messages.pop(key, None)
         self._undo.clear()
+        self._added.clear()
         self.lost = True
         if self.d.holder is self:
             self.d.holder = None
@@ -58,6 +63,7 @@ class MemoryPass:
     def commit(self) -> None:
         with self._statement():
             self._undo.clear()
+            self._added.clear()
             self.d.holder = None
 
     @contextmanager
@@ -108,6 +114,12 @@ class MemoryPass:
                 key = (run.queue, run.client, run.template)
                 q, r = counted.get(key, (0, 0))
                 counted[key] = (q + queued, r + running)
+            for m in self.t.messages.values():
+                run = self.t.runs.get(m.run_id)
+                if m.claimed_at is None and run is not None and run.state is RunState.RUNNING:
+                    key = (run.queue, run.client, run.template)
+                    q, r = counted.get(key, (0, 0))
+                    counted[key] = (q + m.children, r)
             queues: dict[str | None, Out] = {}
             clients: dict[str, int] = {}
             for (queue, client, template), (q, r) in counted.items():
@@ -123,7 +135,7 @@ class MemoryPass:
             clients = {n: self.t.clients.get(n) or Client(n) for n in names}
             return {n: Share(c.weight, c.max_running, out.get(n, 0)) for n, c in clients.items()}
 
-    def take(self, run_id: int, count: int) -> list[Redispatch]:
+    def take(self, run_id: int, count: int, batch: int = 1) -> list[list[Redispatch]]:
         with self._statement():
             run = self.t.runs.get(run_id)
             if run is None:
@@ -132,17 +144,35 @@ class MemoryPass:
                 c
                 for c in self.t.of_run(run_id)
                 if c.state is ChildState.PENDING and c.sent_at is None
-            ]
+                and c.index >= run.sent_through
+            ]  # fmt: skip
             taken, now = unsent[:count], self.t.clock()
-            for c in taken:
-                self._set(c, "sent_at", now)
-            left = run.unsent - count if len(taken) == count else len(unsent) - len(taken)
-            self._set(run, "unsent", max(left, 0))
             assert run.group_id is not None
-            return [
+            children = [
                 Redispatch(run_id, c.index, jsonb(c.spec), run.template, run.group_id, run.queue)
                 for c in taken
             ]
+            groups, at = [], 0
+            for size in messages([len(json.dumps(c.spec)) for c in taken], batch):
+                group = children[at : at + size]
+                if size == 1:
+                    self._set(taken[at], "sent_at", now)
+                else:
+                    self._add_message(
+                        MessageRow(run_id, group[0].index, group[-1].index, size, now)
+                    )
+                groups.append(group)
+                at += size
+            if taken:
+                self._set(run, "sent_through", max(run.sent_through, taken[-1].index + 1))
+            left = run.unsent - count if len(taken) == count else len(unsent) - len(taken)
+            self._set(run, "unsent", max(left, 0))
+            return groups
+
+    def _add_message(self, row: MessageRow) -> None:
+        key = (row.run_id, row.lo)
+        self._added.append(key)
+        self.t.messages[key] = row
 
 
 def _order(run: RunRow) -> tuple[int, bool, datetime, int]:

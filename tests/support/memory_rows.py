@@ -50,6 +50,7 @@ class RunRow:
     queue: str | None = None
     tier: Tier = Tier.BASIC
     unsent: int = 0  # children left to the dispatcher
+    sent_through: int = 0  # the dispatcher took its children below this index
     after: tuple[int, ...] = ()  # its upstreams (dtask_run_deps), in id order
     split_slots: int | None = None
     terminate: bool = False  # cancelled with --terminate
@@ -107,6 +108,18 @@ class ChildRow:
 
 
 @dataclass
+class MessageRow:
+    """A message of several children the dispatcher sent (``dtask_messages``)."""
+
+    run_id: int
+    lo: int
+    hi: int
+    children: int
+    sent_at: float
+    claimed_at: float | None = None
+
+
+@dataclass
 class Tables:
     """Both tables behind one lock: each store method is one statement, atomic as
     PostgreSQL's, also against a heartbeat thread."""
@@ -114,6 +127,7 @@ class Tables:
     clock: Callable[[], float] = time.monotonic
     runs: dict[int, RunRow] = field(default_factory=dict)
     children: dict[int, ChildRow] = field(default_factory=dict)
+    messages: dict[tuple[int, int], MessageRow] = field(default_factory=dict)  # (run, lo)
     clients: dict[str, Client] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 

@@ -203,7 +203,9 @@ class MemoryRuns:
             if deferred:
                 for c in pending:
                     c.sent_at = None
-                run.unsent = len(pending)
+                for key in [k for k in self.t.messages if k[0] == run_id]:
+                    del self.t.messages[key]
+                run.unsent, run.sent_through = len(pending), 0
                 send(run.record(), [])
             else:  # sent now: children split long ago must not look lost
                 for c in pending:

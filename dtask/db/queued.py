@@ -1,0 +1,28 @@
+"""Children out in the broker and not yet taken by a worker: *queued*.
+
+Two kinds: a child sent on its own (a lone child, a retry, a re-send, a hand-over, every child
+of ``DTASK_DISPATCH=all``) is pending with its ``sent_at`` set; a child the dispatcher sent in
+a message of several is not written when it is sent: its message's row in ``dtask_messages``
+counts it until a worker takes the message (``claimed_at``). Every reader of what is queued
+reads ``QUEUED``: the dispatcher's window, stealing's free slots, ``dtask why``, the reaper.
+"""
+
+from __future__ import annotations
+
+# per run (a row or two): how many of its children are queued; the
+# first arm through the (run_id) index of pending children sent, the second through the
+# (sent_at) index of messages not taken (both partial: they hold only what is out)
+QUEUED = (
+    "SELECT run_id, count(*) AS n FROM dtask_children"
+    " WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
+    " UNION ALL"
+    " SELECT run_id, sum(children) FROM dtask_messages"
+    " WHERE claimed_at IS NULL GROUP BY run_id"
+)
+
+# A worker took the message of run ``:run`` that starts at child ``:lo`` (a copy of it, or a
+# message that is not the dispatcher's, finds it taken, or no row): a CTE of the claim
+SEEN = (
+    "UPDATE dtask_messages SET claimed_at = now()"
+    " WHERE run_id = :run AND lo = :lo AND claimed_at IS NULL"
+)
