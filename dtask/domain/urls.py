@@ -68,8 +68,10 @@ LIBPQ_KEYWORDS = frozenset(
 
 def check_postgresql_query(url: str) -> None:
     """The query of a database URL, read as SQLAlchemy's psycopg dialect reads it: libpq
-    keywords only, and its multi-host ``host``/``port`` forms with whole ports."""
-    pairs = parse_qsl(url.partition("?")[2])
+    keywords only, and its multi-host ``host``/``port`` forms with whole ports. The query
+    starts where SQLAlchemy's does: after the host, a password may hold a "?"."""
+    found = _SQLALCHEMY.match(url)
+    pairs = parse_qsl((url[found.end() :] if found else url).partition("?")[2])
     unknown = sorted({key for key, _ in pairs} - LIBPQ_KEYWORDS)
     if unknown:
         raise ValueError(

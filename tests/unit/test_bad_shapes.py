@@ -251,6 +251,11 @@ def test_an_alert_webhook_of_a_bad_shape_is_one_line_without_its_secret(
     broker="postgresql://127.0.0.1:1",
     backend="db+postgresql://[::1;1abc://u@127.0.0.1",
 )
+@example(  # found by hypothesis: a '?' in the password, the query after the host unchecked
+    database="postgresql://127.0.0.1:1/db?sslmode=require;postgresql://u@127.0.0.1/0?x=1",
+    broker="rediss://u@127.0.0.1",
+    backend="db+postgresql://127.0.0.1",
+)
 def test_a_url_a_setting_takes_is_one_its_reader_reads(
     env: Callable[..., None], database: str, broker: str, backend: str
 ) -> None:
