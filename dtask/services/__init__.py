@@ -12,6 +12,7 @@ from pathlib import Path
 from dtask import settings as settings_module
 from dtask import templating
 from dtask.db import Database, Limits, Store, engine_for, schema
+from dtask.db import engine as engines
 from dtask.exceptions import ConfigurationError, StackDown
 from dtask.services import embedded
 from dtask.settings import Settings
@@ -128,11 +129,17 @@ def store() -> Store:
         instead = _instead(resolved)
         if instead is not None:
             return instead
+    global _last
+    pid, size = os.getpid(), engines._own_size
+    last = _last
+    if last is not None and last[0] is resolved and last[1] == (pid, size):
+        return last[2]  # the same as below, without making its key (5 us of every child's)
     url = resolved.database_url
     limits = Limits.of(resolved.settings)
-    key = (os.getpid(), url, limits)
+    key = (pid, url, limits)
     made = _stores.get(key)
     if made is not None and made[0] is resolved:
+        _last = (resolved, (pid, size), made[1])
         return made[1]
     engine = engine_for(url, limits=limits)
     if url not in _migrated:
@@ -142,10 +149,14 @@ def store() -> Store:
         _migrated.add(url)
     fresh = Store(Database(engine, limits))
     _stores[key] = (resolved, fresh)
+    _last = (resolved, (pid, size), fresh)
     return fresh
 
 
 _stores: dict[tuple[int, str, Limits], tuple[Services, Store]] = {}
+# the store last returned, for what it was made: the settings resolved, the process and its
+# role's pool size
+_last: tuple[Services, tuple[int, int | None], Store] | None = None
 
 
 def import_database_driver() -> None:
@@ -160,9 +171,10 @@ def import_database_driver() -> None:
 
 def reset() -> None:
     """Forget resolved services (tests that switch DTASK_* variables)."""
-    global _current
+    global _current, _last
     with _lock:
         _current = None
         _migrated.clear()
         _stores.clear()
+        _last = None
     templating.reset()

@@ -123,6 +123,9 @@ class Attempt:
             self._failed(exc)
         finally:
             drain.running(None)
+            # its context holds closures over this attempt: without it the attempt is freed
+            # as it ends, not by the collector's next pass over every attempt since
+            self.__dict__.pop("context", None)
             unlogged = self.printed.unlogged()
             if unlogged:
                 log.warning(
