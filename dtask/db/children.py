@@ -237,13 +237,18 @@ class ChildStore(ChildReads):
                 sql(
                     f"WITH seen AS ({SEEN})"
                     f" UPDATE dtask_children SET {_TAKE}, started_at = coalesce(started_at, now())"
-                    f" WHERE run_id = :run AND index = ANY(:indexes) AND {_TAKEABLE}"
+                    # the bounds keep the scan to the message's children whatever the
+                    # statistics say: with a run's rows not analyzed yet, PostgreSQL read
+                    # every child of the run for each message (30 ms for 400 of 20,000)
+                    " WHERE run_id = :run AND index BETWEEN :lo AND :hi"
+                    f" AND index = ANY(:indexes) AND {_TAKEABLE}"
                     f" RETURNING index AS position, {_TAKEN}"
                 ),
                 {
                     "run": run_id,
                     "indexes": indexes,
                     "lo": min(indexes, default=-1),
+                    "hi": max(indexes, default=-1),
                     "owner": owner,
                     "ttl": lease_ttl,
                 },

@@ -21,6 +21,7 @@ from dtask.db.recovery import Redispatch
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share, messages
+from dtask.domain.runs import ChildState
 from dtask.exceptions import LeaseLost
 
 RUNS_PER_CLIENT = 200  # a client's runs of one template in one queue a pass reads at most
@@ -132,24 +133,29 @@ class DispatchPass:
         a lone child's row by its ``sent_at``, a message of several by a row of its own in
         ``dtask_messages`` (none of its children is written) and the run's mark past them.
 
-        Read from the run's mark up: the children below it were taken, written or not."""
+        Read from the run's mark up, in the order of its key: the children below the mark were
+        taken, written or not; those above, if pending, were never sent (a gift's too), and
+        the mark moves past every child read. Asked for pending (or unsent) children instead,
+        PostgreSQL went through every pending child of the table and sorted them when the
+        run's rows had not been analyzed yet (8 ms for 400 of 10,000)."""
         rows = self.conn.execute(
             sql(
-                "SELECT r.id AS run_id, c.index AS position, c.spec, r.template, r.group_id,"
-                " r.queue"
-                " FROM dtask_runs r, LATERAL (SELECT index, CAST(spec AS text) AS spec"
+                "SELECT r.id AS run_id, c.index AS position, c.state, c.spec, r.template,"
+                " r.group_id, r.queue"
+                " FROM dtask_runs r, LATERAL (SELECT index, state, CAST(spec AS text) AS spec"
                 "   FROM dtask_children c WHERE c.run_id = r.id AND c.index >= r.sent_through"
-                "   AND c.state = 'pending' AND c.sent_at IS NULL ORDER BY c.index LIMIT :n) c"
+                "   ORDER BY c.index LIMIT :n) c"
                 " WHERE r.id = :run"
             ),
             {"run": run_id, "n": count},
         ).all()
+        pending = [r for r in rows if r.state == ChildState.PENDING.value]
         children = [
             Redispatch(r.run_id, r.position, json.loads(r.spec), r.template, r.group_id, r.queue)
-            for r in rows
+            for r in pending
         ]
         groups, at = [], 0
-        for size in messages([_json_bytes(r.spec) for r in rows], batch):
+        for size in messages([_json_bytes(r.spec) for r in pending], batch):
             groups.append(children[at : at + size])
             at += size
         several = [g for g in groups if len(g) > 1]
@@ -176,7 +182,7 @@ class DispatchPass:
                 "his": [g[-1].index for g in several],
                 "ns": [len(g) for g in several],
                 "lone": [g[0].index for g in groups if len(g) == 1],
-                "mark": children[-1].index + 1 if children else 0,
+                "mark": rows[-1].position + 1 if rows else 0,
                 "exact": len(children) == count,
                 "n": count,
             },

@@ -92,6 +92,7 @@ def test_a_new_runs_first_message_goes_through_its_indexes_without_fresh_statist
         assert store.runs.dispatch(run_id, lambda run, children: None, deferred=True) is (
             RunState.RUNNING
         )
+        dispatched = len(plans)  # the split's count of what it left unsent reads them all
         with store.dispatch.turn() as turn:
             assert turn is not None
             sent = [c for m in turn.take(run_id, MESSAGE, MESSAGE) for c in m]
@@ -108,3 +109,26 @@ def test_a_new_runs_first_message_goes_through_its_indexes_without_fresh_statist
     assert len(plans) >= 4, [s for s, _ in plans]
     scanned = [(s, p) for s, p in plans if any(SEQ.search(line) for line in p)]
     assert not scanned, "\n\n".join(f"{s}\n" + "\n".join(p) for s, p in scanned)
+    # nor the rest of the run: the take read every unsent child (through the sent_at index,
+    # then sorted them), the claim every child of the run, before their rows were analyzed
+    wide = [(s, p) for s, p in plans[dispatched:] if read(p) > 2 * MESSAGE]
+    assert not wide, "\n\n".join(f"{s}: {read(p)} rows\n" + "\n".join(p) for s, p in wide)
+
+
+ACTUAL = re.compile(r"actual time=\S+ rows=(\d+) loops=(\d+)")
+REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck): (\d+)")
+
+
+def read(plan: list[str]) -> int:
+    """The rows of dtask_children a plan's scans went through: those they returned and those
+    their filters removed."""
+    rows, scanning = 0, False
+    for line in plan:
+        if "->" in line or line is plan[0]:
+            scanning = "Scan" in line and "on dtask_children" in line
+            found = ACTUAL.search(line)
+            if scanning and found:
+                rows += int(found[1]) * int(found[2])
+        elif scanning and (removed := REMOVED.search(line)):
+            rows += int(removed[1])
+    return rows

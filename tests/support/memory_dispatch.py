@@ -140,13 +140,8 @@ class MemoryPass:
             run = self.t.runs.get(run_id)
             if run is None:
                 return []
-            unsent = [
-                c
-                for c in self.t.of_run(run_id)
-                if c.state is ChildState.PENDING and c.sent_at is None
-                and c.index >= run.sent_through
-            ]  # fmt: skip
-            taken, now = unsent[:count], self.t.clock()
+            read = [c for c in self.t.of_run(run_id) if c.index >= run.sent_through][:count]
+            taken, now = [c for c in read if c.state is ChildState.PENDING], self.t.clock()
             assert run.group_id is not None
             children = [
                 Redispatch(run_id, c.index, jsonb(c.spec), run.template, run.group_id, run.queue)
@@ -163,9 +158,12 @@ class MemoryPass:
                     )
                 groups.append(group)
                 at += size
-            if taken:
-                self._set(run, "sent_through", max(run.sent_through, taken[-1].index + 1))
-            left = run.unsent - count if len(taken) == count else len(unsent) - len(taken)
+            if read:
+                self._set(run, "sent_through", max(run.sent_through, read[-1].index + 1))
+            left = run.unsent - count
+            if len(taken) != count:  # the count was off: count again
+                unsent = [c for c in self.t.of_run(run_id) if c.index >= run.sent_through]
+                left = sum(c.state is ChildState.PENDING and c.sent_at is None for c in unsent)
             self._set(run, "unsent", max(left, 0))
             return groups
 
