@@ -84,9 +84,5 @@ class Through(io.TextIOBase):
     def flush(self) -> None:
         self.through.flush()
 
-    def __del__(self) -> None:
-        """Collected: nothing to do. IOBase's finalizer would close it, flushing the stream it
-        writes through (each attempt makes one: the pool process's stdout flushed per child)."""
-
     def __getattr__(self, name: str) -> object:  # fileno, encoding, isatty...: the stream's
         return getattr(self.through, name)
