@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from dtask.db.database import Database, sql
+from dtask.db.queued import unsent
 from dtask.domain.runs import ChildState
 
 
@@ -129,9 +130,8 @@ class ChildReads:
         with self.db.tx() as conn:
             letters = conn.execute(
                 sql(
-                    "SELECT string_agg(CASE WHEN state = 'pending' AND sent_at IS NULL"
-                    # below the mark: in a message the dispatcher sent (queued.QUEUED)
-                    "   AND index >= (SELECT sent_through FROM dtask_runs WHERE id = :run)"
+                    "SELECT string_agg(CASE WHEN"
+                    f" {unsent('(SELECT sent_through FROM dtask_runs WHERE id = :run)')}"
                     "   THEN 'w' ELSE left(state, 1) END, '' ORDER BY index)"
                     " FROM dtask_children WHERE run_id = :run"
                 ),

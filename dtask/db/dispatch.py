@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 
 from dtask.db.clients import CLIENT_COLUMNS, client_from_row
 from dtask.db.database import DISPATCH_LOCK, Database, sql
-from dtask.db.queued import QUEUED
+from dtask.db.queued import QUEUED, unsent
 from dtask.db.recovery import Redispatch
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.clients import Client
@@ -172,8 +172,7 @@ class DispatchPass:
                 # the count was off (a stray old message claimed one): count again
                 " unsent = CASE WHEN :exact THEN greatest(unsent - :n, 0) ELSE"
                 "   (SELECT count(*) FROM dtask_children WHERE run_id = :run"
-                "   AND state = 'pending' AND sent_at IS NULL"
-                "   AND index >= greatest(dtask_runs.sent_through, :mark)) END"
+                f"   AND {unsent('greatest(dtask_runs.sent_through, :mark)')}) END"
                 " WHERE id = :run"
             ),
             {

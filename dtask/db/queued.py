@@ -9,16 +9,31 @@ reads ``QUEUED``: the dispatcher's window, stealing's free slots, ``dtask why``,
 
 from __future__ import annotations
 
-# per run (a row or two): how many of its children are queued; the
-# first arm through the (run_id) index of pending children sent, the second through the
-# (sent_at) index of messages not taken (both partial: they hold only what is out)
-QUEUED = (
-    "SELECT run_id, count(*) AS n FROM dtask_children"
-    " WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
-    " UNION ALL"
-    " SELECT run_id, sum(children) FROM dtask_messages"
-    " WHERE claimed_at IS NULL GROUP BY run_id"
-)
+
+def queued(overdue: bool = False) -> str:
+    """Per run (a row or two): how many of its children are queued (``n``), and with
+    ``overdue`` how many of them were sent over ``:stall`` seconds ago; the first arm through
+    the (run_id) index of pending children sent, the second through the (sent_at) index of
+    messages not taken (both partial: they hold only what is out)."""
+    late = "sent_at < now() - make_interval(secs => :stall)"
+    return (
+        "SELECT run_id, count(*) AS n"
+        + (f", count(*) FILTER (WHERE {late}) AS overdue" if overdue else "")
+        + " FROM dtask_children WHERE state = 'pending' AND sent_at IS NOT NULL GROUP BY run_id"
+        " UNION ALL SELECT run_id, sum(children)"
+        + (f", coalesce(sum(children) FILTER (WHERE {late}), 0)" if overdue else "")
+        + " FROM dtask_messages WHERE claimed_at IS NULL GROUP BY run_id"
+    )
+
+
+QUEUED = queued()
+
+
+def unsent(mark: str) -> str:
+    """SQL true of a child waiting in PostgreSQL for the dispatcher, given its run's mark
+    (``mark``, an SQL expression): pending, never sent alone, not taken in a message."""
+    return f"state = 'pending' AND sent_at IS NULL AND index >= {mark}"
+
 
 # A worker took the message of run ``:run`` that starts at child ``:lo`` (a copy of it, or a
 # message that is not the dispatcher's, finds it taken, or no row): a CTE of the claim

@@ -14,6 +14,7 @@ from sqlalchemy import Row
 from dtask.db import counters, deps
 from dtask.db.children import unfinished
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
+from dtask.db.queued import queued
 from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
 from dtask.exceptions import LeaseLost
@@ -131,15 +132,8 @@ class RecoveryStore:
             rows = conn.execute(
                 sql(
                     "SELECT r.queue, r.template, min(r.child_seconds) AS fastest,"
-                    " sum(q.n) AS pending, sum(q.overdue) AS overdue FROM ("
-                    "  SELECT run_id, count(*) AS n, count(*) FILTER (WHERE sent_at < now()"
-                    "   - make_interval(secs => :stall)) AS overdue FROM dtask_children"
-                    "   WHERE state = 'pending' AND sent_at IS NOT NULL"  # unsent: not lost
-                    "   GROUP BY run_id"
-                    "  UNION ALL"  # a message of several's children, as queued.QUEUED
-                    "  SELECT run_id, sum(children), coalesce(sum(children) FILTER (WHERE"
-                    "   sent_at < now() - make_interval(secs => :stall)), 0) FROM dtask_messages"
-                    "   WHERE claimed_at IS NULL GROUP BY run_id) q"
+                    " sum(q.n) AS pending, sum(q.overdue) AS overdue"
+                    f" FROM ({queued(overdue=True)}) q"  # unsent: not lost
                     " JOIN dtask_runs r ON r.id = q.run_id"
                     " WHERE r.state = 'running' GROUP BY r.queue, r.template"
                 ),

@@ -16,6 +16,7 @@ from dtask.db.bulk import BulkInserts
 from dtask.db.children import Finished
 from dtask.db.database import lock_run, sql
 from dtask.db.inline import Inline
+from dtask.db.queued import unsent
 from dtask.db.run_reads import child_results
 from dtask.db.workers import LiveSlots, live_on
 from dtask.domain.clients import Tier
@@ -267,8 +268,7 @@ class RunStore(BulkInserts):
         conn.execute(
             sql(
                 "UPDATE dtask_runs SET sent_through = 0, unsent = (SELECT count(*)"
-                " FROM dtask_children WHERE run_id = :id AND state = 'pending'"
-                " AND sent_at IS NULL) WHERE id = :id"
+                f" FROM dtask_children WHERE run_id = :id AND {unsent('0')}) WHERE id = :id"
             ),
             {"id": run_id},
         )

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from dtask.db.concurrency import holding
 from dtask.db.database import Database, sql
 from dtask.db.dispatch import out_rows
-from dtask.db.queued import QUEUED
+from dtask.db.queued import QUEUED, unsent
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
@@ -61,10 +61,8 @@ class WaitingReads:
             left = conn.execute(
                 sql(
                     "SELECT count(*) FILTER (WHERE state = 'running') AS running,"
-                    # below the mark, unwritten: in a message of several (queued.QUEUED)
-                    " count(*) FILTER (WHERE state = 'pending'"
-                    "   AND (sent_at IS NOT NULL OR index < :mark))"
-                    " AS queued FROM dtask_children"
+                    " count(*) FILTER (WHERE state = 'pending')"
+                    f" - count(*) FILTER (WHERE {unsent(':mark')}) AS queued FROM dtask_children"
                     " WHERE run_id = :id AND state IN ('pending', 'running')"
                 ),
                 {"id": run_id, "mark": run.sent_through},

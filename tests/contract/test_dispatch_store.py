@@ -34,12 +34,6 @@ def unsent(world: World, run_id: int) -> int:
         return next(d.unsent for ds in turn.demands().values() for d in ds if d.run_id == run_id)
 
 
-def demanded(world: World) -> set[int]:
-    with world.turn() as turn:
-        assert turn is not None
-        return {d.run_id for ds in turn.demands().values() for d in ds}
-
-
 def test_deferred_children_are_taken_in_order_and_counted(world: World) -> None:
     run_id = world.waiting(5, max_attempts=1)
     assert unsent(world, run_id) == 5
@@ -163,7 +157,7 @@ def test_what_is_out_counts_only_running_runs(world: World) -> None:
         assert turn is not None
         queues, clients = turn.out()
     assert (queues[q], clients[client]) == (Out(queued=1, running=0), 1)
-    assert cancelled not in demanded(world)
+    assert cancelled not in world.demanded()
 
 
 def test_a_cancelled_run_s_children_count_as_out_until_they_stop(world: World) -> None:
@@ -200,7 +194,7 @@ def test_the_unsent_count_goes_down_to_nothing_and_no_child_is_taken_twice(world
     run_id = world.waiting(7)
     taken, counts = [], []
     for _ in range(5):  # bounded: a count that never goes down fails here, not by timeout
-        if run_id not in demanded(world):
+        if run_id not in world.demanded():
             break
         counts.append(unsent(world, run_id))
         with world.turn() as turn:
@@ -220,7 +214,7 @@ def test_a_child_a_stray_message_claimed_is_not_taken_and_the_count_is_made_agai
     with world.turn() as turn:
         assert turn is not None
         assert indexes(turn.take(run_id, 3)) == [0, 2]
-    assert run_id not in demanded(world)
+    assert run_id not in world.demanded()
 
 
 def test_a_taken_child_carries_what_its_message_needs(world: World) -> None:
@@ -257,7 +251,7 @@ def test_a_turn_held_idle_past_its_limit_is_lost_and_what_it_took_is_undone(
             assert other is not None
             assert indexes(other.take(run_id, 3)) == [0, 1, 2]
         late.take(run_id, 1)
-    assert run_id not in demanded(world)
+    assert run_id not in world.demanded()
 
 
 def split_here(
@@ -280,7 +274,7 @@ def test_a_one_child_run_nothing_competes_with_is_taken_by_its_master(world: Wor
     [(index, claim)] = inline.taken
     assert (index, claim.spec, claim.attempt, claim.fence) == (0, {"i": 0}, 0, 1)
     assert world.runs.status(run_id).state is RunState.RUNNING
-    assert run_id not in demanded(world)  # the dispatcher never sends it
+    assert run_id not in world.demanded()  # the dispatcher never sends it
     refused = world.children.claim(run_id, 0, "other:2", 30)  # a stray copy: it is ours
     assert refused == Refusal(ClaimRefusal.BUSY)
     started = world.children.start(claim, 30)

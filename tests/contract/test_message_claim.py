@@ -195,18 +195,6 @@ def test_a_range_given_away_from_a_message_is_owned_once(world: World) -> None:
     assert world.runs.finalize(run) is RunState.SUCCEEDED
 
 
-def out(world: World, queue: str) -> Out | None:
-    with world.turn() as turn:
-        assert turn is not None
-        return turn.out()[0].get(queue)
-
-
-def demanded(world: World) -> set[int]:
-    with world.turn() as turn:
-        assert turn is not None
-        return {d.run_id for ds in turn.demands().values() for d in ds}
-
-
 def test_a_cancelled_run_s_message_is_out_until_its_children_stop(world: World) -> None:
     q = world.queue()
     run = world.waiting(5, client=world.client(), queue=q)
@@ -219,18 +207,18 @@ def test_a_cancelled_run_s_message_is_out_until_its_children_stop(world: World) 
     assert first is not None
     assert world.runs.cancel(run) is RunState.CANCELLED
     assert world.children.renew_lease(first, 30) is RunState.CANCELLED
-    assert out(world, q) == Out(queued=0, running=4)  # they hold their slots until they stop
+    assert world.out(q) == Out(queued=0, running=4)  # they hold their slots until they stop
     assert world.message(run, range(5), "other") == {}
     assert {world.refusal(run, i, "other").reason for i in range(5)} == {ClaimRefusal.INACTIVE}
-    assert run not in demanded(world)
+    assert run not in world.demanded()
     world.children.release(first, {"done": 1})  # it stops at its checkpoint
     for index in (1, 2, 3):
         world.children.unclaim(w.claims[index])
-    assert out(world, q) is None
+    assert world.out(q) is None
     assert world.seen(run, 0) == (PENDING, 0, None, {"done": 1})
     assert [world.seen(run, i) for i in range(1, 5)] == [(PENDING, 0, None, None)] * 4
     world.lapse(run, range(5))
-    assert world.message(run, range(5), "other") == {} and run not in demanded(world)
+    assert world.message(run, range(5), "other") == {} and run not in world.demanded()
     assert counts(world, run) == ChildCounts(total=5, pending=5)
 
 

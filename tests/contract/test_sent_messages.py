@@ -12,22 +12,10 @@ from dtask.domain.runs import RunState
 from tests.contract.worlds import World
 
 
-def out(world: World, queue: str) -> Out:
-    with world.turn() as turn:
-        assert turn is not None
-        return turn.out()[0].get(queue, Out(0, 0))
-
-
 def take(world: World, run_id: int, count: int, batch: int) -> list[list[int]]:
     with world.turn() as turn:
         assert turn is not None
         return [[c.index for c in m] for m in turn.take(run_id, count, batch)]
-
-
-def demanded(world: World) -> set[int]:
-    with world.turn() as turn:
-        assert turn is not None
-        return {d.run_id for ds in turn.demands().values() for d in ds}
 
 
 def test_a_message_of_several_children_leaves_their_rows_unwritten(world: World) -> None:
@@ -35,9 +23,9 @@ def test_a_message_of_several_children_leaves_their_rows_unwritten(world: World)
     run = world.waiting(7, client=world.client(), queue=q)
     assert take(world, run, 7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert [world.sent(run, i) for i in range(7)] == [False] * 6 + [True]  # the lone one is
-    assert out(world, q) == Out(queued=7, running=0)
+    assert world.out(q) == Out(queued=7, running=0)
     assert take(world, run, 7, 3) == []  # below the mark: taken, written or not
-    assert run not in demanded(world)  # and not counted again as waiting
+    assert run not in world.demanded()  # and not counted again as waiting
 
 
 def test_the_next_take_starts_past_the_last_message(world: World) -> None:
@@ -52,11 +40,11 @@ def test_a_message_a_worker_took_is_running_not_queued(world: World) -> None:
     run = world.waiting(6, client=world.client(), queue=q)
     assert take(world, run, 6, 3) == [[0, 1, 2], [3, 4, 5]]
     assert sorted(world.message(run, [0, 1, 2])) == [0, 1, 2]
-    assert out(world, q) == Out(queued=3, running=3)
+    assert world.out(q) == Out(queued=3, running=3)
     assert world.message(run, [0, 1, 2], "a copy") == {}  # a redelivered copy: still 3 and 3
-    assert out(world, q) == Out(queued=3, running=3)
+    assert world.out(q) == Out(queued=3, running=3)
     assert sorted(world.message(run, [3, 4, 5])) == [3, 4, 5]
-    assert out(world, q) == Out(queued=0, running=6)
+    assert world.out(q) == Out(queued=0, running=6)
 
 
 def test_a_pass_that_fails_leaves_no_message(world: World) -> None:
@@ -66,9 +54,9 @@ def test_a_pass_that_fails_leaves_no_message(world: World) -> None:
         assert turn is not None
         assert len(turn.take(run, 4, 4)) == 1
         raise RuntimeError("the broker went away mid-pass")
-    assert out(world, q) == Out(queued=0, running=0)
+    assert world.out(q) is None
     assert take(world, run, 4, 4) == [[0, 1, 2, 3]]
-    assert out(world, q) == Out(queued=4, running=0)
+    assert world.out(q) == Out(queued=4, running=0)
 
 
 def test_a_rerun_forgets_its_messages_and_sends_its_children_again(world: World) -> None:
@@ -78,7 +66,7 @@ def test_a_rerun_forgets_its_messages_and_sends_its_children_again(world: World)
     assert world.runs.cancel(run) is RunState.CANCELLED
     assert world.runs.rerun(run) is RunState.SPLITTING
     assert world.runs.dispatch(run, lambda r, kids: None, deferred=True) is RunState.RUNNING
-    assert run in demanded(world)
-    assert out(world, q) == Out(queued=0, running=0)  # the lost message is not counted
+    assert run in world.demanded()
+    assert world.out(q) is None  # the lost message is not counted
     assert take(world, run, 4, 2) == [[0, 1], [2, 3]]
-    assert out(world, q) == Out(queued=4, running=0)
+    assert world.out(q) == Out(queued=4, running=0)

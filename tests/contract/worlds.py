@@ -193,6 +193,18 @@ class World:
         """The dispatcher's turn, waited for (on PostgreSQL a worker's pass may hold it)."""
         return self.dispatch.turn(wait=10)
 
+    def demanded(self) -> set[int]:
+        """The runs a dispatcher's pass would find children of waiting."""
+        with self.turn() as turn:
+            assert turn is not None
+            return {d.run_id for ds in turn.demands().values() for d in ds}
+
+    def out(self, queue: str) -> Out | None:
+        """What ``queue`` has out (None: nothing), as a dispatcher's pass counts it."""
+        with self.turn() as turn:
+            assert turn is not None
+            return turn.out()[0].get(queue)
+
     def run(
         self,
         children: int = 3,
