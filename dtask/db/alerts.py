@@ -149,6 +149,9 @@ def _facts(conn: Connection, forget_workers_after: float, stalled_after: float) 
         sql(
             "SELECT r.id, r.template, extract(epoch FROM now() - greatest("
             "   r.updated_at, r.started_at, r.created_at, busy.at,"
+            # or whose message was taken (its children are written as each one ends)
+            "   (SELECT max(m.claimed_at) FROM dtask_messages m WHERE m.run_id = r.id"
+            "     AND m.owner IS NOT NULL),"
             "   CASE WHEN busy.at > now() - make_interval(secs => :stalled) THEN NULL ELSE"
             "   (SELECT max(c.updated_at) FROM dtask_children c WHERE c.run_id = r.id) END"
             " )) AS quiet_for,"

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Row
 
 from dtask.db.database import Database, sql
+from dtask.db.message_claims import HOLDER, SHOWN_STATE, held_ranges
 from dtask.db.queued import unsent
 from dtask.domain.runs import ChildState
 
@@ -26,9 +27,20 @@ class ChildView:
 
 
 # A running child's attempt as people read it: a message's child taken for the first time
-# counts its attempt only as it ends (``claim_many``), and is in its first meanwhile
-_ATTEMPT = "CASE WHEN state = 'running' THEN greatest(attempt, 1) ELSE attempt END AS attempt"
-_VIEW = f"SELECT index, state, {_ATTEMPT}, owner, checkpoint FROM dtask_children"
+# counts its attempt only as it ends (``claim_many``, ``message_claims``), and is in its first
+# meanwhile; one its message's claim covers is running (its row says pending)
+_ATTEMPT = (
+    f"CASE WHEN {SHOWN_STATE} = 'running' THEN greatest(c.attempt, 1) ELSE c.attempt END AS attempt"
+)
+_COLUMNS = (
+    f"c.index, {SHOWN_STATE} AS state, c.spec, {_ATTEMPT}, c.max_attempts, c.checkpoint,"
+    " c.error, coalesce(c.owner, h.holder, c.worker) AS owner, c.started_at, c.finished_at,"
+    " c.result"
+)
+_VIEW = (
+    f"SELECT c.index, {SHOWN_STATE} AS state, {_ATTEMPT}, coalesce(c.owner, h.holder) AS owner,"
+    f" c.checkpoint FROM dtask_children c{HOLDER}"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,7 @@ class ChildReads:
     def view(self, run_id: int, index: int) -> ChildView | None:
         with self.db.tx() as conn:
             row = conn.execute(
-                sql(f"{_VIEW} WHERE run_id = :run AND index = :index"),
+                sql(f"{_VIEW} WHERE c.run_id = :run AND c.index = :index"),
                 {"run": run_id, "index": index},
             ).first()
         return None if row is None else _view(row)
@@ -84,8 +96,8 @@ class ChildReads:
         with self.db.tx() as conn:
             row = conn.execute(
                 sql(
-                    f"{_VIEW} WHERE run_id = :run AND state = 'running'"
-                    " AND checkpoint IS NOT NULL ORDER BY index LIMIT 1"
+                    f"{_VIEW} WHERE c.run_id = :run AND c.state = 'running'"
+                    " AND c.checkpoint IS NOT NULL ORDER BY c.index LIMIT 1"
                 ),
                 {"run": run_id},
             ).first()
@@ -98,11 +110,10 @@ class ChildReads:
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " coalesce(owner, worker) AS owner, started_at, finished_at, result"
-                    " FROM dtask_children"
-                    " WHERE run_id = :run AND (CAST(:state AS varchar) IS NULL OR state = :state)"
-                    " AND index > :after ORDER BY index LIMIT :limit"
+                    f"SELECT {_COLUMNS} FROM dtask_children c{HOLDER}"
+                    " WHERE c.run_id = :run"
+                    f" AND (CAST(:state AS varchar) IS NULL OR {SHOWN_STATE} = :state)"
+                    " AND c.index > :after ORDER BY c.index LIMIT :limit"
                 ),
                 {"run": run_id, "state": state and state.value, "after": -1 if after is None
                  else after, "limit": limit},
@@ -114,10 +125,8 @@ class ChildReads:
         with self.db.tx() as conn:
             row = conn.execute(
                 sql(
-                    f"SELECT index, state, spec, {_ATTEMPT}, max_attempts, checkpoint, error,"
-                    " coalesce(owner, worker) AS owner, started_at, finished_at, traceback,"
-                    " output, result FROM dtask_children"
-                    " WHERE run_id = :run AND index = :index"
+                    f"SELECT {_COLUMNS}, c.traceback, c.output FROM dtask_children c{HOLDER}"
+                    " WHERE c.run_id = :run AND c.index = :index"
                 ),
                 {"run": run_id, "index": index},
             ).first()
@@ -137,7 +146,12 @@ class ChildReads:
                 ),
                 {"run": run_id},
             ).scalar()
-        return [(_GRID_STATES[k], sum(1 for _ in g)) for k, g in itertools.groupby(letters or "")]
+            held = held_ranges(conn, run_id)
+        shown = list(letters or "")
+        for lo, hi in held:  # the children their messages' claims cover run
+            for i in range(lo, min(hi + 1, len(shown))):
+                shown[i] = "r" if shown[i] == "p" else shown[i]
+        return [(_GRID_STATES[k], sum(1 for _ in g)) for k, g in itertools.groupby(shown)]
 
     def error(self, run_id: int, index: int) -> str | None:
         with self.db.tx() as conn:

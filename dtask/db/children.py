@@ -13,10 +13,11 @@ from typing import Any
 
 from sqlalchemy import Row
 
-from dtask.db import steals
+from dtask.db import message_claims, steals
 from dtask.db.child_reads import ChildReads
 from dtask.db.database import ASYNC_COMMIT, sql
 from dtask.db.queued import SEEN
+from dtask.db.redispatch import Redispatch, redispatch_from_row
 from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
@@ -37,6 +38,9 @@ class Claim:
     # failure, or a start that writes anyway (a child taken for the first time with its
     # message's others, ``claim_many``)
     counted: bool = True
+    # the id of the message whose claim covers this child (db/message_claims.py): ``fence`` is
+    # the message's; None: the child's own row is claimed
+    message: int | None = None
 
     @property
     def uncounted(self) -> int:
@@ -61,6 +65,10 @@ _TAKEABLE = (
     " AND (state = 'pending' OR (state = 'running' AND lease_expires_at < now()))"
     " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
     "   AND r.state IN ('splitting', 'running'))"
+    # not a child that a message's claim covers (a copy of a message held by another worker)
+    " AND NOT (state = 'pending' AND sent_at IS NULL AND coalesce((SELECT m.owner IS NOT NULL"
+    "   AND m.hi >= dtask_children.index FROM dtask_messages m WHERE m.run_id = :run"
+    "   AND m.lo <= dtask_children.index ORDER BY m.lo DESC LIMIT 1), false))"
 )
 _TAKEN = (
     "id, fence, attempt, max_attempts, spec, checkpoint,"
@@ -112,6 +120,8 @@ BATCH_VALUES = (
     " AS v(id, fence, cp, result, counts, output, state))"
 )
 BATCH_FINISH = f"{finish('v.cp', 'v.result', 'v.output')}, attempt = c.attempt + v.counts"
+# a covered child's success: its owner is its message's (``message_claims``)
+_COVERED_FINISH = BATCH_FINISH.replace(KEEP_WORKER, "worker = m.holder")
 BATCH_MATCH = (
     "c.id = ANY(CAST(:ids AS bigint[])) AND c.id = v.id AND c.fence = v.fence AND c.state = v.state"
 )
@@ -137,6 +147,24 @@ _START = (
 )
 
 
+# A failed attempt, under the caller's fence: back to pending and sent (its retry goes now), or
+# failed when it was ``:final`` (a permanent error) or its last
+_ENDS = "(:final OR attempt + :counts >= max_attempts)"
+_FAIL = (
+    "attempt = attempt + :counts,"
+    f" state = CASE WHEN {_ENDS} THEN 'failed' ELSE 'pending' END,"
+    " error = CASE WHEN :final THEN 'not retried (a permanent error) at attempt '"
+    "   || (attempt + :counts) || ': ' || :error"
+    "   WHEN attempt + :counts >= max_attempts"
+    "   THEN 'gave up after ' || (attempt + :counts) || ' attempt(s): ' || :error"
+    "   ELSE :error END,"
+    f" finished_at = CASE WHEN {_ENDS} THEN now() END,"
+    " started_at = coalesce(started_at, now()),"
+    f" traceback = :traceback, output = :output, {KEEP_WORKER},"
+    " owner = NULL, lease_expires_at = NULL, sent_at = now()"
+)
+
+
 @dataclass(frozen=True)
 class Finished:
     """A claimed child's success, not yet written: its claim, last checkpoint, result (JSON
@@ -146,6 +174,22 @@ class Finished:
     checkpoint: Any | None
     result: str | None
     output: str | None = None
+
+
+def _covered(row: Row[Any]) -> Claim:
+    """A child its message's claim covers: the message's fence, the attempt counted by the
+    write that ends it."""
+    return Claim(
+        child_id=row.id,
+        fence=row.fence,
+        attempt=row.attempt + 1,
+        max_attempts=row.max_attempts,
+        spec=row.spec,
+        checkpoint=row.checkpoint,
+        execution_cap=row.cap,
+        counted=False,
+        message=row.message,
+    )
 
 
 def _claim(row: Row[Any], first_with_others: bool = False) -> Claim:
@@ -231,8 +275,16 @@ class ChildStore(ChildReads):
         attempt as it starts (``start``); one taken for the first time (fence 1) only with
         its finish or failure (``write_batch``, ``fail_attempt``), so a worker killed while
         it runs spends none, and the next take, not a first, counts as it starts. The
-        dispatcher's row of the message is marked taken (``queued.SEEN``)."""
+        dispatcher's row of the message is marked taken (``queued.SEEN``).
+
+        A message the dispatcher sent, taken for the first time, is claimed as one row
+        (``message_claims``): its children are not written until each one ends."""
+        if not indexes:
+            return {}
         with self.db.owner() as conn:
+            taken = message_claims.claim(conn, run_id, indexes, owner, lease_ttl)
+            if taken:
+                return {r.position: _covered(r) for r in taken if r.id is not None}
             rows = conn.execute(
                 sql(
                     f"WITH seen AS ({SEEN})"
@@ -260,7 +312,10 @@ class ChildStore(ChildReads):
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         """A child taken by ``claim_many`` starts: its attempt is counted and its lease runs
         from now, under its fence. None when the fence has moved or no attempt is left (then
-        claim it the usual way, which says why)."""
+        claim it the usual way, which says why). A child its message covers writes nothing
+        of its own: its message's lease is renewed."""
+        if claim.message is not None:
+            return claim if self.renew_lease(claim, lease_ttl) is not None else None
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
@@ -278,7 +333,29 @@ class ChildStore(ChildReads):
         """``finish`` of each of ``done`` (counting the attempt of those not counted yet) and
         ``start`` of ``claim`` (the next child of their message, if any) in one statement,
         each under its own fence: the ids of those of ``done`` written, and the started claim
-        (None as for ``start``)."""
+        (None as for ``start``). Those a message covers are written under its fence, which
+        renews its lease (``claim``, covered too, then starts without a write of its own)."""
+        written: set[int] = set()
+        started: Claim | None = None
+        messages = {d.claim.message for d in done} | {None if claim is None else claim.message}
+        for message in sorted(m for m in messages if m is not None):
+            mine = [d for d in done if d.claim.message == message]
+            fence = mine[0].claim.fence if mine else claim.fence if claim is not None else 0
+            with self.db.owner() as conn:
+                finished, held = message_claims.finish_many(
+                    conn, message, fence, BATCH_VALUES, _COVERED_FINISH, lease_ttl,
+                    batch_values(mine),
+                )  # fmt: skip
+            written |= finished
+            if claim is not None and claim.message == message and held:
+                started = claim
+        done = [d for d in done if d.claim.message is None]
+        if claim is not None and claim.message is not None:
+            if not done:
+                return written, started
+            claim = None
+        elif not done and claim is None:
+            return written, None
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
@@ -299,9 +376,10 @@ class ChildStore(ChildReads):
                     "ttl": lease_ttl,
                 },
             ).one()
+        written |= set(row.finished)
         if claim is None or row.attempt is None:
-            return set(row.finished), None
-        return set(row.finished), replace(claim, attempt=row.attempt, counted=True)
+            return written, started
+        return written, replace(claim, attempt=row.attempt, counted=True)
 
     def unclaim(self, claim: Claim) -> None:
         """Hand back a child taken by ``claim_many`` that never started (a drain)."""
@@ -310,19 +388,34 @@ class ChildStore(ChildReads):
         )
 
     def _fenced_update(
-        self, claim: Claim, assignments: str, durable: bool = False, **params: Any
+        self,
+        claim: Claim,
+        assignments: str,
+        durable: bool = False,
+        ttl: float | None = None,
+        **params: Any,
     ) -> Row[Any]:
         """Write to a child we own: only while its fence is ours and it is running.
-        A stale owner matches no row and gets LeaseLost."""
+        A stale owner matches no row and gets LeaseLost. ``ttl``: a covered child's write
+        renews its message's lease."""
         commit = "" if durable else f" AND {ASYNC_COMMIT}"
         with self.db.owner() as conn:
+            if claim.message is not None:
+                row = message_claims.write(
+                    conn, claim.message, claim.fence, claim.child_id,
+                    assignments.replace(KEEP_WORKER, "worker = m.holder"),
+                    ttl, durable, **params,
+                )  # fmt: skip
+                if row is None:
+                    raise LeaseLost(lease_lost(claim))
+                return row
             row = conn.execute(
                 sql(
                     f"UPDATE dtask_children SET {assignments}, updated_at = now()"
                     f" WHERE id = :id AND fence = :fence AND state = 'running'{commit}"
                     " RETURNING give_away"
                 ),
-                {"id": claim.child_id, "fence": claim.fence, **params},
+                {"id": claim.child_id, "fence": claim.fence, "ttl": ttl, **params},
             ).first()
             if row is None:
                 raise LeaseLost(lease_lost(claim))
@@ -333,11 +426,11 @@ class ChildStore(ChildReads):
         it is asked to give work away (docs/elastic.md)."""
         row = self._fenced_update(
             claim,
-            "checkpoint = CAST(:cp AS jsonb),"
+            "checkpoint = CAST(:cp AS jsonb), started_at = coalesce(started_at, now()),"
             " lease_expires_at = now() + make_interval(secs => :ttl)",
             durable=True,  # a resumed child starts from here: it must survive a crash
-            cp=json.dumps(state),
             ttl=lease_ttl,
+            cp=json.dumps(state),
         )
         return bool(row.give_away)
 
@@ -345,7 +438,7 @@ class ChildStore(ChildReads):
         self, claim: Claim, run_id: int, keys: tuple[str, str], end: int, at: int, deferred: bool
     ) -> Gift | None:
         """``steals.give_away``: this child keeps ``[a, at - 1]``, a new one gets the rest."""
-        child = (claim.child_id, claim.fence)
+        child = (claim.child_id, claim.fence, claim.message)
         return steals.give_away(self.db, child, run_id, keys, end, at, deferred)
 
     def finish(
@@ -405,21 +498,12 @@ class ChildStore(ChildReads):
         with the attempt in ``dtask_child_logs`` too, ``skipped`` characters before them not
         kept): back to pending for a retry, or failed when none are left or it is ``final``
         (a permanent error)."""
-        ends = "(:final OR attempt + :counts >= max_attempts)"
+        if claim.message is not None:
+            return self._fail_covered(claim, error, traceback, output, final, skipped)
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
-                    "WITH c AS (UPDATE dtask_children SET attempt = attempt + :counts,"
-                    f" state = CASE WHEN {ends} THEN 'failed' ELSE 'pending' END,"
-                    " error = CASE WHEN :final THEN 'not retried (a permanent error) at attempt '"
-                    "   || (attempt + :counts) || ': ' || :error"
-                    "   WHEN attempt + :counts >= max_attempts"
-                    "   THEN 'gave up after ' || (attempt + :counts) || ' attempt(s): ' || :error"
-                    "   ELSE :error END,"
-                    f" finished_at = CASE WHEN {ends} THEN now() END,"
-                    " started_at = coalesce(started_at, now()),"
-                    f" traceback = :traceback, output = :output, {KEEP_WORKER},"
-                    " owner = NULL, lease_expires_at = NULL, updated_at = now(), sent_at = now()"
+                    f"WITH c AS (UPDATE dtask_children SET {_FAIL}, updated_at = now()"
                     " WHERE id = :id AND fence = :fence AND state = 'running'"
                     f" AND {ASYNC_COMMIT} RETURNING run_id, index, worker, state),"
                     " log AS (INSERT INTO dtask_child_logs"
@@ -446,20 +530,62 @@ class ChildStore(ChildReads):
             raise LeaseLost(lease_lost(claim))
         return ChildState(row.state)
 
+    def _fail_covered(
+        self,
+        claim: Claim,
+        error: str,
+        traceback: str | None,
+        output: str | None,
+        final: bool,
+        skipped: int,
+    ) -> ChildState:
+        """``fail_attempt`` of a child its message covers: out of the message, under its fence."""
+        row = self._fenced_update(
+            claim,
+            _FAIL,
+            counts=claim.uncounted,
+            error=error,
+            traceback=traceback,
+            output=output,
+            final=final,
+        )
+        kept = (output, skipped)
+        self.write_log(
+            row.run_id, row._mapping["index"], claim.attempt, row.worker, kept, "failed", error
+        )
+        return ChildState(row.state)
+
+    def close(self, claim: Claim) -> list[Redispatch]:
+        """The end of the message whose claim covers ``claim``'s child: let go of it; the
+        children it still covers (none when each one's end was written) go out again on
+        their own: returned, to be sent."""
+        if claim.message is None:
+            return []
+        with self.db.owner() as conn:
+            rows = message_claims.close(conn, claim.message, claim.fence)
+        return [redispatch_from_row(r) for r in rows if r.resend]
+
     def write_log(
-        self, run_id: int, index: int, attempt: int, worker: str, kept: tuple[str | None, int]
+        self,
+        run_id: int,
+        index: int,
+        attempt: int,
+        worker: str | None,
+        kept: tuple[str | None, int],
+        state: str = "running",
+        error: str | None = None,
     ) -> None:
         """A running attempt's output so far (``kept``: the text, the characters before it
-        not kept), written by its heartbeat when it printed since."""
+        not kept), written by its heartbeat when it printed since; or a failed one's."""
         with self.db.owner() as conn:
             conn.execute(
                 sql(
                     "INSERT INTO dtask_child_logs"
-                    " (run_id, index, attempt, worker, state, output, skipped)"
-                    " VALUES (:run, :index, :attempt, :worker, 'running', :output, :skipped)"
+                    " (run_id, index, attempt, worker, state, output, skipped, error)"
+                    " VALUES (:run, :index, :attempt, :worker, :state, :output, :skipped, :error)"
                     " ON CONFLICT (run_id, index, attempt) DO UPDATE SET"
-                    " worker = excluded.worker, state = 'running', output = excluded.output,"
-                    " skipped = excluded.skipped, error = NULL, updated_at = now()"
+                    " worker = excluded.worker, state = excluded.state, output = excluded.output,"
+                    " skipped = excluded.skipped, error = excluded.error, updated_at = now()"
                 ),
                 {
                     "run": run_id,
@@ -468,6 +594,8 @@ class ChildStore(ChildReads):
                     "worker": worker,
                     "output": kept[0],
                     "skipped": kept[1],
+                    "state": state,
+                    "error": error,
                 },
             )
 
@@ -475,6 +603,11 @@ class ChildStore(ChildReads):
         """Heartbeat: extend our lease; return the run's state (a cancel shows up here), or
         None when the fence has moved (we lost the child)."""
         with self.db.owner() as conn:
+            if claim.message is not None:
+                state = message_claims.renew(
+                    conn, claim.message, claim.fence, claim.child_id, lease_ttl
+                )
+                return None if state is None else RunState(state)
             row = conn.execute(
                 sql(
                     "UPDATE dtask_children c"

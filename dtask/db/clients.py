@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Connection, Row
 
 from dtask.db.database import Database, sql
+from dtask.db.queued import HELD
 from dtask.domain.clients import DEFAULT_CLIENT, Client, Rate, refusal, retry_after, tier_of
 from dtask.exceptions import ClientNotFound
 
@@ -173,6 +174,8 @@ class ClientStore:
                 "   AND state IN ('pending', 'splitting', 'running')) AS active_runs,"
                 " (SELECT count(*) FROM dtask_children c JOIN dtask_runs r ON r.id = c.run_id"
                 "   WHERE r.client = :name AND r.state = 'running' AND c.state = 'running')"
+                f" + (SELECT coalesce(sum(h.n), 0) FROM ({HELD}) h JOIN dtask_runs r"
+                "   ON r.id = h.run_id WHERE r.client = :name AND r.state = 'running')"
                 "   AS running_children,"
                 " (SELECT count(*) FROM dtask_runs WHERE client = :name"
                 "   AND created_at > now() - make_interval(secs => :rate)) AS runs_in_window,"

@@ -16,8 +16,8 @@ from sqlalchemy import Connection
 
 from dtask.db.clients import CLIENT_COLUMNS, client_from_row
 from dtask.db.database import DISPATCH_LOCK, Database, sql
-from dtask.db.queued import QUEUED, unsent
-from dtask.db.recovery import Redispatch
+from dtask.db.queued import HELD, QUEUED, unsent
+from dtask.db.redispatch import Redispatch
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.clients import Client
 from dtask.domain.dispatch import Demand, Share, messages
@@ -207,7 +207,8 @@ def out_rows(conn: Connection, client: str | None = None) -> list[Any]:
                 "  UNION ALL"
                 "  SELECT run_id, 0, count(*) FROM dtask_children"
                 "   WHERE state = 'running' AND lease_expires_at IS NOT NULL"  # its index
-                "   GROUP BY run_id) c,"
+                "   GROUP BY run_id"
+                f"  UNION ALL SELECT run_id, 0, n FROM ({HELD}) h) c,"
                 # each run's row by its key alone (LIMIT: not a hash of every run, as the
                 # planner would pick for a few hundred runs out; the state filtered after:
                 # with it inside, stale statistics made the planner walk the state index

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from dtask.db.alerts import AlertStore
 from dtask.db.counters import CounterStore
 from dtask.db.database import Database, sql
+from dtask.db.queued import HELD
 from dtask.domain.tiers import DEFAULT_QUEUE
 
 
@@ -38,6 +39,12 @@ class MetricsStore:
             ).all():
                 found.children[state] = int(n)
                 found.attempts += int(tries or 0)
+            held = int(
+                conn.execute(sql(f"SELECT coalesce(sum(n), 0) FROM ({HELD}) h")).scalar_one()
+            )
+            if held:  # running under their messages' claims, pending in their rows
+                found.children["pending"] = found.children.get("pending", 0) - held
+                found.children["running"] = found.children.get("running", 0) + held
             found.lag = [
                 (r.queue or DEFAULT_QUEUE, r.client, float(r.lag))
                 for r in conn.execute(

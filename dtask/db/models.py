@@ -257,7 +257,8 @@ class ChildRow(Base):
 class MessageRow(Base):
     """A message of several children of a run the dispatcher sent (``lo``..``hi``, ``children``
     of them), its children not written when it was: unclaimed (``claimed_at`` NULL) it is out
-    in the broker, and lost once it has been for a stall timeout (``RecoveryStore``)."""
+    in the broker, and lost once it has been for a stall timeout (``RecoveryStore``); owned,
+    its worker runs the ``children`` it still covers under its lease."""
 
     __tablename__ = "dtask_messages"
 
@@ -268,10 +269,15 @@ class MessageRow(Base):
     children: Mapped[int] = mapped_column(Integer)
     sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     claimed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # its claim (db/message_claims.py): the children it covers are written under this fence
+    fence: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (
         UniqueConstraint("run_id", "lo"),  # a worker's claim finds its message by its first child
         Index(None, "sent_at", postgresql_where=text("claimed_at IS NULL")),
+        Index(None, "run_id", "lease_expires_at", postgresql_where=text("owner IS NOT NULL")),
     )
 
 

@@ -35,6 +35,23 @@ def unsent(mark: str) -> str:
     return f"state = 'pending' AND sent_at IS NULL AND index >= {mark}"
 
 
+# Per run, the children running under their messages' claims (``message_claims``): pending in
+# their rows, covered by a message a worker owns. Every reader of what runs adds these to the
+# children running under claims of their own (``state = 'running'``).
+HELD = (
+    "SELECT run_id, sum(children)::int AS n FROM dtask_messages WHERE owner IS NOT NULL"
+    " GROUP BY run_id"
+)
+
+
+def held(run: str) -> str:
+    """SQL: how many children of run ``run`` (an SQL expression) run in owned messages."""
+    return (
+        "(SELECT coalesce(sum(children), 0)::int FROM dtask_messages"
+        f" WHERE run_id = {run} AND owner IS NOT NULL)"
+    )
+
+
 # A worker took the message of run ``:run`` that starts at child ``:lo`` (a copy of it, or a
 # message that is not the dispatcher's, finds it taken, or no row): a CTE of the claim
 SEEN = (

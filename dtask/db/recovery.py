@@ -7,14 +7,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import Row
-
-from dtask.db import counters, deps
+from dtask.db import counters, deps, message_claims
 from dtask.db.children import unfinished
 from dtask.db.database import REAPER_LOCK, RUN_LOCKS, Database, sql
 from dtask.db.queued import queued
+from dtask.db.redispatch import Redispatch, redispatch_from_row
 from dtask.domain.deadlines import OnLate, late_error
 from dtask.domain.runs import RunState
 from dtask.exceptions import LeaseLost
@@ -33,18 +31,6 @@ _FRONT = (
     "   AND m.finished_at > now() - make_interval(secs => :stall)"
     "   AND m.started_at > now() - make_interval(secs => :stall) AND m.start_after IS NULL))"
 )
-
-
-@dataclass(frozen=True)
-class Redispatch:
-    """Everything needed to re-send one child message with its original identity."""
-
-    run_id: int
-    index: int
-    spec: dict[str, Any]
-    template: str
-    group_id: str
-    queue: str | None
 
 
 @dataclass(frozen=True)
@@ -92,6 +78,9 @@ class RecoveryStore:
         The dead owner's attempt stays counted, so a child that kills its process every time
         runs out of attempts instead of looping.
 
+        A message's claim whose lease expired is let go: the children it still covered are
+        re-sent each on its own (``message_claims``), their attempts not counted.
+
         Counted for /metrics: each expiry, each re-send, and the failover time (from the
         owner's last lease renewal, ``lease_ttl`` before its expiry, to this re-send).
         """
@@ -113,6 +102,7 @@ class RecoveryStore:
                 ),
                 {"limit": limit},
             ).all()
+            rows = [*rows, *message_claims.expire(conn, limit)]
             resent = [r for r in rows if r.resend]
             counters.add(conn, counters.LEASE_EXPIRIES, len(rows))
             counters.add(conn, counters.REDISPATCHED, len(resent))
@@ -349,17 +339,6 @@ class RecoveryStore:
                 if changed.rowcount:
                     deps.fail_downstream(conn, run_id, RunState.FAILED)
         return [LateRun(r.id, r.deadline, r.delay_tolerance, r.id in failed) for r in late]
-
-
-def redispatch_from_row(row: Row[Any]) -> Redispatch:
-    return Redispatch(
-        run_id=int(row.run_id),
-        index=int(row._mapping["index"]),
-        spec=row.spec,
-        template=row.template,
-        group_id=row.group_id,
-        queue=row.queue,
-    )
 
 
 @dataclass(frozen=True)

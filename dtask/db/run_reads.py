@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, Row
 
-from dtask.db import deps
+from dtask.db import deps, queued
 from dtask.db.database import Database, sql
 from dtask.domain.backlog import Backlog
 from dtask.domain.clients import DEFAULT_CLIENT, Tier
@@ -75,7 +75,12 @@ class RunReads:
             ),
             {"id": run_id},
         )
-        return ChildCounts.from_states({r.state: r.n for r in rows})
+        states = {r.state: r.n for r in rows}
+        held = conn.execute(sql(f"SELECT {queued.held(':id')}"), {"id": run_id}).scalar() or 0
+        if held:  # running under their message's claim, pending in their rows
+            states["pending"] = states.get("pending", 0) - held
+            states["running"] = states.get("running", 0) + held
+        return ChildCounts.from_states(states)
 
     def status(self, run_id: int) -> RunStatus:
         with self.db.tx() as conn:

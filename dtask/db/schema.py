@@ -18,7 +18,7 @@ from dtask.exceptions import SchemaMismatch
 from dtask.settings import shown_url
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-HEAD = "0038"
+HEAD = "0039"
 VERSION_TABLE = "dtask_alembic_version"
 LEGACY_VERSION_TABLE = "alembic_version"
 MIGRATION_LOCK = 0x64746B4D  # serializes concurrent `upgrade head` calls from many processes

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtask.db.database import Database, lock_run, sql
-from dtask.db.queued import QUEUED
+from dtask.db.message_claims import COVERED
+from dtask.db.queued import HELD, QUEUED
 from dtask.domain.stealing import Running
 from dtask.exceptions import LeaseLost
 
@@ -33,7 +34,7 @@ class _NotNow(Exception):
 
 def give_away(
     db: Database,
-    child: tuple[int, int],
+    child: tuple[int, int, int | None],
     run_id: int,
     keys: tuple[str, str],
     end: int,
@@ -42,24 +43,27 @@ def give_away(
 ) -> Gift | None:
     """Cut ``[a, end]`` (``keys`` name a and b in the spec) at ``at``: this child keeps
     ``[a, at - 1]``, a new child gets ``[at, end]``. Under the run's lock (a cancel, rerun or
-    finalize waits) and this child's fence (``child``: its id and fence; LeaseLost if it
-    moved). None when the run is no
-    longer running. With ``deferred`` the new child waits for the dispatcher."""
+    finalize waits) and this child's fence (``child``: its id, fence, and the message whose
+    claim covers it, if one does: the fence is the message's; LeaseLost if it moved). None
+    when the run is no longer running. With ``deferred`` the new child waits for the
+    dispatcher."""
     a_key, b_key = keys
     try:
         with db.tx() as conn:
             lock_run(conn, run_id)
             mine = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET spec = jsonb_set(spec, ARRAY[:b], to_jsonb(:keep)),"
-                    " give_away = false, cuts = cuts + 1, updated_at = now()"
-                    " WHERE id = :id AND fence = :fence AND state = 'running'"
+                    "UPDATE dtask_children c"
+                    " SET spec = jsonb_set(spec, ARRAY[:b], to_jsonb(:keep)), give_away = false,"
+                    " cuts = cuts + 1, updated_at = now()"
+                    f" WHERE c.id = :id AND {_HOLDS if child[2] is not None else _OWNS}"
                     " AND (spec->>:b)::bigint = :end AND (spec->>:a)::bigint < :at"
                     " RETURNING spec, cuts, max_attempts"
                 ),
                 dict(
                     id=child[0],
                     fence=child[1],
+                    message=child[2],
                     a=a_key,
                     b=b_key,
                     keep=at - 1,
@@ -101,6 +105,20 @@ def give_away(
     return Gift(run.new_index, spec, run.template, run.group_id, run.chord_size)
 
 
+# A child running under a claim of its own (its fence), or one its message's claim covers (the
+# message's fence, the child still covered: message_claims.COVERED)
+_OWNS = "fence = :fence AND state = 'running'"
+_HOLDS = (
+    f"{COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m WHERE m.id = :message"
+    " AND m.fence = :fence FOR UPDATE)"
+)
+# a child that runs: under its own claim, or covered by a message a worker owns
+_RUNS = (
+    f"c.state = 'running' OR ({COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m"
+    " WHERE m.run_id = c.run_id AND m.owner IS NOT NULL AND c.index BETWEEN m.lo AND m.hi))"
+)
+
+
 class StealStore:
     """The dispatcher's side: where slots are free and nothing waits, which running range
     children could give work away, and asking one."""
@@ -117,7 +135,8 @@ class StealStore:
                     "SELECT coalesce(r.queue, '') AS queue, sum(o.n) AS n FROM ("
                     "  SELECT run_id, count(*) + count(*) FILTER (WHERE give_away) AS n"
                     "  FROM dtask_children WHERE state = 'running' GROUP BY run_id"
-                    f"  UNION ALL SELECT run_id, n FROM ({QUEUED}) q) o"
+                    f"  UNION ALL SELECT run_id, n FROM ({QUEUED}) q"
+                    f"  UNION ALL SELECT run_id, n FROM ({HELD}) h) o"
                     " JOIN dtask_runs r ON r.id = o.run_id WHERE r.state = 'running' GROUP BY 1"
                 )
             ).all()
@@ -136,9 +155,12 @@ class StealStore:
                     " WHERE r.state = 'running' AND r.unsent = 0"
                     " AND coalesce(r.queue, '') = coalesce(:queue, '')"
                     " AND r.template = ANY(:templates)"
-                    " AND c.state = 'running' AND NOT c.give_away"
+                    f" AND ({_RUNS}) AND NOT c.give_away"
+                    # nothing queued: no child sent alone and not taken, no message not taken
                     " AND NOT EXISTS (SELECT FROM dtask_children p"
-                    "   WHERE p.run_id = r.id AND p.state = 'pending')"
+                    "   WHERE p.run_id = r.id AND p.state = 'pending' AND p.sent_at IS NOT NULL)"
+                    " AND NOT EXISTS (SELECT FROM dtask_messages q"
+                    "   WHERE q.run_id = r.id AND q.claimed_at IS NULL)"
                 ),
                 {"queue": queue, "templates": list(keys)},
             ).all()
@@ -158,8 +180,8 @@ class StealStore:
         with self.db.tx() as conn:
             result = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET give_away = true"
-                    " WHERE run_id = :run AND index = :index AND state = 'running'"
+                    "UPDATE dtask_children c SET give_away = true"
+                    f" WHERE c.run_id = :run AND c.index = :index AND ({_RUNS})"
                 ),
                 {"run": run_id, "index": index},
             )

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from dtask.db.concurrency import holding
 from dtask.db.database import Database, sql
 from dtask.db.dispatch import out_rows
-from dtask.db.queued import QUEUED, unsent
+from dtask.db.queued import HELD, QUEUED, held, unsent
 from dtask.db.workers import WorkerInfo, live_on
 from dtask.domain.runs import RunState
 from dtask.domain.tiers import DEFAULT_QUEUE
@@ -60,8 +60,8 @@ class WaitingReads:
                 return facts, workers
             left = conn.execute(
                 sql(
-                    "SELECT count(*) FILTER (WHERE state = 'running') AS running,"
-                    " count(*) FILTER (WHERE state = 'pending')"
+                    f"SELECT count(*) FILTER (WHERE state = 'running') + {held(':id')} AS running,"
+                    f" count(*) FILTER (WHERE state = 'pending') - {held(':id')}"
                     f" - count(*) FILTER (WHERE {unsent(':mark')}) AS queued FROM dtask_children"
                     " WHERE run_id = :id AND state IN ('pending', 'running')"
                 ),
@@ -82,7 +82,9 @@ class WaitingReads:
                     " (SELECT count(*) FROM dtask_children c JOIN dtask_runs r"
                     "   ON r.id = c.run_id WHERE c.state = 'running'"
                     "   AND c.lease_expires_at IS NOT NULL"
-                    "   AND coalesce(r.queue, '') = :q) AS running"
+                    "   AND coalesce(r.queue, '') = :q)"
+                    f" + (SELECT coalesce(sum(h.n), 0) FROM ({HELD}) h JOIN dtask_runs r"
+                    "   ON r.id = h.run_id WHERE coalesce(r.queue, '') = :q) AS running"
                     " FROM waiting"
                 ),
                 {"p": run.priority, "id": run_id, "q": run.queue or ""},

@@ -2,12 +2,14 @@
 them when the run's children take less than ``BATCH_SECONDS`` each, docs/benchmarks.md).
 
 One pool process runs them one after the other, each exactly as ``dtask.child`` runs one:
-claimed under its own lease and fence, checkpointed, finished, counted. Only the message is
-shared: a child whose attempt fails, or that meets an unreachable PostgreSQL, is sent again
-in a message of its own; one that is refused (finished, running elsewhere, its run cancelled)
-is skipped; on a drain the children not started yet are handed over. Their successes are
-written together (``Held``). A worker killed mid-message has the whole message redelivered:
-the children whose successes were written are refused as finished, the others run again.
+checkpointed, finished, counted. A message the dispatcher sent is claimed as one row (one
+lease and fence for its children, ``db/message_claims.py``), any other child by its own row.
+Only the message is shared: a child whose attempt fails, or that meets an unreachable
+PostgreSQL, is sent again in a message of its own; one that is refused (finished, running
+elsewhere, its run cancelled) is skipped; on a drain the children not started yet are handed
+over. Their successes are written together (``Held``). A worker killed mid-message has the
+children it had not written sent again: the message redelivered finds its claim taken (busy),
+the reaper re-sends them once its lease expires.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from celery import Task
@@ -86,6 +89,7 @@ class Held:
 
     def __init__(self, claimed_at: float) -> None:
         self.claimed_at = claimed_at
+        self.renewed_at = claimed_at  # a message's claim: its lease's last renewal
         self.children: list[Redispatch] = []
         self.done: list[Finished] = []
         self._lock = threading.Lock()
@@ -96,11 +100,15 @@ class Held:
             self.done.append(done)
 
     def start(self, claim: Claim, lease_ttl: float) -> Claim | None:
-        if not claim.counted and time.monotonic() - self.claimed_at < unwritten_for():
+        """Children taken with the message start unwritten while their leases are young: a
+        row claim's runs from the message's claim, a message claim's from its last renewal."""
+        since = self.claimed_at if claim.message is None else self.renewed_at
+        if not claim.counted and time.monotonic() - since < unwritten_for():
             return claim
         with self._lock:
             finished, started = services.store().children.write_batch(self.done, claim, lease_ttl)
             self._written(finished)
+            self.renewed_at = time.monotonic()
         return started
 
     def renew(self, claim: Claim, lease_ttl: float) -> RunState | None:
@@ -111,7 +119,25 @@ class Held:
             if self.done:
                 with contextlib.suppress(DatabaseUnavailable):  # the message's end tries again
                     self._written(children.write_batch(self.done, None, lease_ttl)[0])
-        return children.renew_lease(claim, lease_ttl)
+        state = children.renew_lease(claim, lease_ttl)
+        self.renewed_at = time.monotonic()
+        return state
+
+    def close(self, claims: Iterable[Claim]) -> None:
+        """The message's end: let go of its claim (if it was claimed as one row). Children it
+        still covers (their ends not written) are sent again on their own; where PostgreSQL
+        cannot be reached, its lease expires and the reaper sends them."""
+        claim = next((c for c in claims if c.message is not None), None)
+        if claim is None:
+            return
+        try:
+            left = services.store().children.close(claim)
+        except DatabaseUnavailable as exc:
+            log.info("run %s: message not let go (its lease will expire): %s", claim, exc)
+            return
+        if left:
+            log.info("run %s: %s children of a message sent again", left[0].run_id, len(left))
+            publish(left)
 
     def flush(self) -> None:
         """Write the held successes. Never raises: children whose successes cannot be written
@@ -199,6 +225,7 @@ def children(
                     took.append(seconds)
         finally:
             held.flush()
+            held.close(ahead.values())
         if took:
             # the message's whole time per child ran, its claim and bookkeeping included: by
             # claim-to-finish alone, messages meant to take 50 ms took twice that

@@ -47,7 +47,8 @@ def running_owner(run_id: int) -> str | None:
         owner: str | None = conn.execute(
             text(
                 "SELECT owner FROM dtask_children WHERE run_id = :r AND state = 'running'"
-                " AND owner IS NOT NULL LIMIT 1"
+                " AND owner IS NOT NULL UNION ALL SELECT owner FROM dtask_messages"
+                " WHERE run_id = :r AND owner IS NOT NULL LIMIT 1"
             ),
             {"r": run_id},
         ).scalar()

@@ -102,6 +102,16 @@ QUIET: dict[str, object] = {
 }
 
 
+def write_stale(world: World, write: str, claims: Iterable[Claim]) -> None:
+    """``write`` with each of ``claims``, whose fences moved: LeaseLost, or nothing done."""
+    for stale in claims:
+        if write in QUIET:
+            assert STALE[write](world, stale) == QUIET[write]
+        else:
+            with pytest.raises(LeaseLost, match=f"fence {stale.fence} is stale"):
+                STALE[write](world, stale)
+
+
 @pytest.mark.parametrize("write", STALE)
 def test_a_stale_fence_writes_nothing_and_the_new_holder_s_writes_land(
     world: World, write: str
@@ -115,12 +125,7 @@ def test_a_stale_fence_writes_nothing_and_the_new_holder_s_writes_land(
     assert sorted(new.claims) == [0, 1, 2] and {c.fence for c in new.claims.values()} == {2}
     before = [world.seen(run, i) for i in range(3)]
     assert {s[2] for s in before} == {"new"}
-    for stale in (first, old.claims[1], old.claims[2]):
-        if write in QUIET:
-            assert STALE[write](world, stale) == QUIET[write]
-        else:
-            with pytest.raises(LeaseLost, match=f"fence {stale.fence} is stale"):
-                STALE[write](world, stale)
+    write_stale(world, write, (first, old.claims[1], old.claims[2]))
     assert [world.seen(run, i) for i in range(3)] == before
     assert [world.children.error(run, i) for i in range(3)] == [None] * 3
     new.run(0, 1, 2)

@@ -125,6 +125,7 @@ class Clients(Protocol):
 
 class Recovery(Protocol):
     def settle_waiting(self, limit: int = ...) -> list[int]: ...
+    def release_expired(self, limit: int = ..., lease_ttl: float = ...) -> list[Redispatch]: ...
 
 
 # (children, max_attempts, execution cap) -> a run created and split, not dispatched
@@ -282,7 +283,12 @@ def memory() -> World:
         return store.runs.add("t", specs, max_attempts, None, {})
 
     def expire(run_id: int, index: int) -> None:
-        store.row(run_id, index).lease_expires_at = store.tables.clock() - 1
+        """Its lease, or the lease of the message whose claim covers it."""
+        row = store.row(run_id, index)
+        row.lease_expires_at = store.tables.clock() - 1
+        for m in store.tables.messages.values():
+            if m.run_id == run_id and m.owner is not None and m.lo <= index <= m.hi:
+                m.lease_expires_at = store.tables.clock() - 1
 
     def force(run_id: int, state: RunState) -> None:
         store.tables.runs[run_id].state = state
@@ -313,11 +319,19 @@ def postgresql(store: Store) -> World:
         return run_id
 
     def expire(run_id: int, index: int) -> None:
+        """Its lease, or the lease of the message whose claim covers it."""
         with store.engine.begin() as conn:
             conn.execute(
                 text(
                     "UPDATE dtask_children SET lease_expires_at = now() - interval '1 second'"
                     " WHERE run_id = :r AND index = :i"
+                ),
+                {"r": run_id, "i": index},
+            )
+            conn.execute(
+                text(
+                    "UPDATE dtask_messages SET lease_expires_at = now() - interval '1 second'"
+                    " WHERE run_id = :r AND lo <= :i AND hi >= :i AND owner IS NOT NULL"
                 ),
                 {"r": run_id, "i": index},
             )

@@ -11,6 +11,8 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
+
 from dtask import services
 from dtask.db import Store
 from dtask.domain.runs import NewRun, RunState
@@ -20,9 +22,13 @@ from tests.support.db import child_row, children, wait_for
 SLOW = [11, 30, 0.2]  # numbers 11..30, 0.2 s each: the middle child
 
 
+@pytest.mark.parametrize("claimed", ["per_child", "as_one_row"])
 def test_a_straggler_in_a_message_of_three_gives_its_rest_away(
-    dtask_env: dict[str, str], sink: Path
+    dtask_env: dict[str, str], sink: Path, claimed: str
 ) -> None:
+    """``as_one_row``: the message is the dispatcher's, claimed as one row
+    (db/message_claims.py), its straggler covered by it; ``per_child``: a message of no
+    dispatcher's (a hand-over), its children claimed each under a fence of its own."""
     from dtask.worker import configure
 
     configure()
@@ -33,6 +39,10 @@ def test_a_straggler_in_a_message_of_three_gives_its_rest_away(
     plan = [{"a": a, "b": b, "slow": SLOW} for a, b in ((1, 10), (11, 30), (31, 40))]
     assert store.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
     assert store.runs.dispatch(run_id, lambda run, kids: None, deferred=True) is RunState.RUNNING
+    if claimed == "as_one_row":
+        with store.dispatch.turn() as turn:
+            assert turn is not None
+            assert [len(m) for m in turn.take(run_id, 3, 3)] == [3]
     group = f"group-{uuid.uuid4()}"
     items = [[i, spec] for i, spec in enumerate(plan)]
 

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 
 from dtask import services
-from dtask.db import ChildView, Claim, Finished, Refusal
+from dtask.db import ChildView, Claim, Finished, Redispatch, Refusal
 from dtask.db.children import _exhausted, lease_lost
 from dtask.db.steals import Gift
 from dtask.domain.runs import ChildState, ClaimRefusal, RunState, refuse_claim
 from dtask.exceptions import LeaseLost
 from dtask.settings import Settings
+from tests.support import memory_messages as messages
 from tests.support.memory_deps import MemoryRecovery
 from tests.support.memory_dispatch import MemoryClients, MemoryDispatch, MemoryWorkers
 from tests.support.memory_rows import ChildRow, Tables, jsonb, loads
@@ -57,9 +58,11 @@ class MemoryChildren:
         row.lease_expires_at = now + lease_ttl
         row.started_at = row.started_at if row.started_at is not None else now
 
-    @staticmethod
-    def _holds(row: ChildRow, claim: Claim) -> bool:
-        """The fenced writes' WHERE: ``fence = :mine AND state = 'running'``."""
+    def _holds(self, row: ChildRow, claim: Claim) -> bool:
+        """The fenced writes' WHERE: ``fence = :mine AND state = 'running'``, or its
+        message's fence for a child a message's claim covers."""
+        if claim.message is not None:
+            return messages.holds(self.t, row, claim)
         return row.fence == claim.fence and row.state is ChildState.RUNNING
 
     def _owned(self, claim: Claim, what: str) -> ChildRow:
@@ -105,6 +108,17 @@ class MemoryChildren:
     ) -> dict[int, Claim]:
         taken: dict[int, Claim] = {}
         with self.t.lock:
+            held = messages.claim(self.t, run_id, indexes, owner, lease_ttl) if indexes else None
+            if held is not None:
+                m, covered = held
+                return {
+                    row.index: replace(
+                        self._claim(row, row.attempt + 1, counted=False),
+                        fence=m.fence,
+                        message=m.id,
+                    )
+                    for row in covered
+                }
             message = self.t.messages.get((run_id, min(indexes, default=-1)))
             if message is not None and message.claimed_at is None:
                 message.claimed_at = self.t.clock()
@@ -121,6 +135,11 @@ class MemoryChildren:
 
     def _start(self, claim: Claim, lease_ttl: float) -> Claim | None:
         row = self.t.children.get(claim.child_id)
+        if claim.message is not None:  # nothing of its own: its message's lease renewed
+            if row is None or not self._holds(row, claim):
+                return None
+            messages.left(self.t, row, claim, lease_ttl)
+            return claim
         if row is None or not self._holds(row, claim) or row.attempt >= row.max_attempts:
             return None
         row.attempt = row.counted(1)
@@ -167,16 +186,25 @@ class MemoryChildren:
                 row.counted(d.claim.uncounted)
             for row, d in ours:
                 self._succeed(row, d.checkpoint, d.result, d.claim.uncounted, d.output)
+                messages.left(self.t, row, d.claim, lease_ttl)
                 self.written.append(("finish", row.id))
             written = {row.id for row, _ in ours}
             started = None if claim is None else self._start(claim, lease_ttl)
         return written, started
+
+    def close(self, claim: Claim) -> list[Redispatch]:
+        with self.t.lock:
+            m = self.t.message(claim.message)
+            if m is None or m.fence != claim.fence:
+                return []
+            return messages.let_go(self.t, m)
 
     def unclaim(self, claim: Claim) -> None:
         with self.t.lock:
             row = self._owned(claim, "unclaim")
             row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
             row.sent_at = self.t.clock()
+            messages.left(self.t, row, claim)
 
     def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool:
         self._hook("checkpoint", claim)
@@ -184,6 +212,7 @@ class MemoryChildren:
             row = self._owned(claim, "checkpoint")
             row.checkpoint = jsonb(state)
             row.lease_expires_at = self.t.clock() + lease_ttl
+            messages.left(self.t, row, claim, lease_ttl)
             return row.give_away
 
     def give_away(
@@ -221,6 +250,7 @@ class MemoryChildren:
         with self.t.lock:
             row = self._owned(claim, "finish")
             self._succeed(row, final_checkpoint, result, claim.uncounted, output)
+            messages.left(self.t, row, claim)
 
     def note_time(self, run_id: int, seconds: float) -> bool:
         with self.t.lock:
@@ -259,6 +289,7 @@ class MemoryChildren:
             row.started_at = row.started_at if row.started_at is not None else now
             row.traceback, row.output = traceback, output
             row.owner, row.lease_expires_at, row.sent_at = None, None, now
+            messages.left(self.t, row, claim)
             self.logs[(row.run_id, row.index, claim.attempt)] = ("failed", output, skipped)
             return row.state
 
@@ -273,7 +304,10 @@ class MemoryChildren:
             row = self.t.children.get(claim.child_id)
             if row is None or not self._holds(row, claim):
                 return None
-            row.lease_expires_at = self.t.clock() + lease_ttl
+            if claim.message is not None:
+                messages.left(self.t, row, claim, lease_ttl)
+            else:
+                row.lease_expires_at = self.t.clock() + lease_ttl
             return self.t.runs[row.run_id].state
 
     def release(self, claim: Claim, checkpoint: Any | None) -> None:
@@ -285,6 +319,7 @@ class MemoryChildren:
             if checkpoint is not None:
                 row.checkpoint = jsonb(checkpoint)
             row.sent_at = self.t.clock()
+            messages.left(self.t, row, claim)
 
     def revoke(self, run_id: int, index: int, error: str) -> bool:
         with self.t.lock:
@@ -302,7 +337,15 @@ class MemoryChildren:
     def view(self, run_id: int, index: int) -> ChildView | None:
         with self.t.lock:
             row = self.t.child(run_id, index)
-            return None if row is None else row.view()
+            if row is None:
+                return None
+            m = self.t.holder(row)
+            seen = row.view()
+            if m is None:
+                return seen
+            return replace(
+                seen, state=ChildState.RUNNING, attempt=max(seen.attempt, 1), owner=m.owner
+            )
 
 
 class MemoryStore:

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from dtask.db import Redispatch
 from dtask.domain.deps import start_state, upstream_error
-from dtask.domain.runs import RunState, sources
+from dtask.domain.runs import ChildState, RunState, sources
 from dtask.exceptions import UpstreamNotFound
-from tests.support.memory_rows import RunRow, Tables
+from tests.support import memory_messages as messages
+from tests.support.memory_rows import RunRow, Tables, jsonb
 
 
 def upstream_states(t: Tables, ids: Sequence[int]) -> dict[int, RunState]:
@@ -158,3 +160,29 @@ class MemoryRecovery:
     def settle_waiting(self, limit: int = 100) -> list[int]:
         with self.t.lock:
             return settle_orphans(self.t, limit)
+
+    def release_expired(self, limit: int = 1000, lease_ttl: float = 8.0) -> list[Redispatch]:
+        """Expired leases: a child's row back to pending and sent; a message's claim let go,
+        the children it covered sent each on its own. Those of running runs, to re-send."""
+        with self.t.lock:
+            now, resent = self.t.clock(), []
+            for row in list(self.t.children.values()):
+                lease = row.lease_expires_at
+                if row.state is ChildState.RUNNING and lease is not None and lease < now:
+                    row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
+                    row.sent_at = now
+                    run = self.t.runs[row.run_id]
+                    if run.state is RunState.RUNNING:
+                        resent.append(
+                            Redispatch(
+                                row.run_id,
+                                row.index,
+                                jsonb(row.spec),
+                                run.template,
+                                run.group_id or "",
+                                run.queue,
+                            )
+                        )
+            for m in messages.expired(self.t):
+                resent.extend(messages.let_go(self.t, m))
+            return resent[:limit]

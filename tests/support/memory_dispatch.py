@@ -120,6 +120,10 @@ class MemoryPass:
                     key = (run.queue, run.client, run.template)
                     q, r = counted.get(key, (0, 0))
                     counted[key] = (q + m.children, r)
+                elif m.owner is not None and run is not None:  # the children it covers run
+                    key = (run.queue, run.client, run.template)
+                    q, r = counted.get(key, (0, 0))
+                    counted[key] = (q, r + m.children)
             queues: dict[str | None, Out] = {}
             clients: dict[str, int] = {}
             for (queue, client, template), (q, r) in counted.items():
@@ -169,6 +173,7 @@ class MemoryPass:
 
     def _add_message(self, row: MessageRow) -> None:
         key = (row.run_id, row.lo)
+        row.id = max((m.id for m in self.t.messages.values()), default=0) + 1
         self._added.append(key)
         self.t.messages[key] = row
 

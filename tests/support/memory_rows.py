@@ -114,9 +114,13 @@ class MessageRow:
     run_id: int
     lo: int
     hi: int
-    children: int
+    children: int  # sent; once owned, those it still covers
     sent_at: float
     claimed_at: float | None = None
+    id: int = 0
+    fence: int = 0  # its claim (db/message_claims.py)
+    owner: str | None = None
+    lease_expires_at: float | None = None
 
 
 @dataclass
@@ -158,8 +162,29 @@ class Tables:
         return row.state is ChildState.PENDING or (row.state is ChildState.RUNNING and expired)
 
     def takeable(self, row: ChildRow) -> bool:
-        """The claim's WHERE: free, with an attempt left, in an active run."""
-        return row.attempt < row.max_attempts and self.free(row) and self.active(row.run_id)
+        """The claim's WHERE: free, with an attempt left, in an active run, not a child an
+        owned message covers."""
+        return (
+            row.attempt < row.max_attempts
+            and self.free(row)
+            and self.active(row.run_id)
+            and self.holder(row) is None
+        )
+
+    def holder(self, row: ChildRow) -> MessageRow | None:
+        """The owned message whose claim covers ``row`` (pending, unsent, in its range)."""
+        if row.state is not ChildState.PENDING or row.sent_at is not None:
+            return None
+        for m in self.messages.values():
+            if m.run_id == row.run_id and m.owner is not None and m.lo <= row.index <= m.hi:
+                return m
+        return None
+
+    def message(self, message_id: int | None) -> MessageRow | None:
+        for m in self.messages.values():
+            if m.id == message_id:
+                return m
+        return None
 
 
 def _index(row: ChildRow) -> int:

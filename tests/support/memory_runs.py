@@ -333,7 +333,12 @@ class MemoryRuns:
             run = self.t.runs.get(run_id)
             if run is None:
                 raise RunNotFound(f"no run with id {run_id} (see `dtask runs`)")
-            counts = ChildCounts.from_states(Counter(c.state.value for c in self.t.of_run(run_id)))
+            counts = ChildCounts.from_states(
+                Counter(
+                    ChildState.RUNNING.value if self.t.holder(c) else c.state.value
+                    for c in self.t.of_run(run_id)
+                )
+            )
             after, unfinished = deps.waiting_for(self.t, run)
             return RunStatus(
                 run.id, run.template, run.key, run.state, jsonb(run.variables), counts,
