@@ -342,9 +342,10 @@ class ChildStore(ChildReads):
             mine = [d for d in done if d.claim.message == message]
             fence = mine[0].claim.fence if mine else claim.fence if claim is not None else 0
             with self.db.owner() as conn:
+                starts = claim.child_id if claim is not None and claim.message == message else None
                 finished, held = message_claims.finish_many(
                     conn, message, fence, BATCH_VALUES, _COVERED_FINISH, lease_ttl,
-                    batch_values(mine),
+                    batch_values(mine), starts,
                 )  # fmt: skip
             written |= finished
             if claim is not None and claim.message == message and held:
@@ -639,7 +640,9 @@ class ChildStore(ChildReads):
             result = conn.execute(
                 sql(
                     "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
-                    " lease_expires_at = NULL, finished_at = now(), updated_at = now()"
+                    " lease_expires_at = NULL, finished_at = now(), updated_at = now(),"
+                    # out of its message for good: a rerun's pending again is not covered
+                    " sent_at = coalesce(sent_at, now())"
                     " WHERE run_id = :run AND index = :index AND state IN ('pending', 'running')"
                 ),
                 {"run": run_id, "index": index, "error": error},

@@ -22,7 +22,10 @@ from dtask.db.database import ASYNC_COMMIT, sql
 
 _LEASE = "now() + make_interval(secs => :ttl)"
 
-# A child a message's claim covers. Its state is not an index's column here: from statistics
+# A child a message's claim covers, in a statement where ``m`` is the message's row (``run``,
+# ``lo``, ``hi``)
+_IN_RANGE = "c.run_id = m.run AND c.index BETWEEN m.lo AND m.hi"
+# Its state is not an index's column here: from statistics
 # older than its run, the planner read every unsent child of the run through an index of
 # pending children (their ``sent_at``), taking them for none; so only the keys fit, (id) and
 # (run_id, index), as a message's statements name them
@@ -54,18 +57,20 @@ def held_ranges(conn: Connection, run: int) -> list[tuple[int, int]]:
 
 
 def claim(conn: Connection, run: int, indexes: list[int], owner: str, ttl: float) -> list[Row[Any]]:
-    """Take the dispatcher's message of ``run`` that starts at ``min(indexes)``, if it was sent
-    and never taken while its run is active: its row's fence moves to 1, its lease is
-    ``owner``'s; returns one row per child of ``indexes`` it covers and that has an attempt
-    left (``position``, the child's columns, the message's ``message`` and ``fence``), or one
-    row with a NULL ``id`` if it covers none; no row when there is no such message."""
+    """Take the dispatcher's message of ``run`` that starts at ``min(indexes)`` and ends at
+    ``max(indexes)``, if it was sent and never taken while its run is active: its row's fence
+    moves to 1, its lease is ``owner``'s (a message of another range, as a copy sent before a
+    rerun's rows, does not take it: its children are claimed one by one). One row per child
+    of ``indexes`` it covers with an attempt left (``position``, the child's columns, the
+    message's ``message`` and ``fence``), or one row with a NULL ``id`` if it covers none; no
+    row when there is no such message."""
     return list(
         conn.execute(
             sql(
                 "WITH m AS (UPDATE dtask_messages SET fence = fence + 1, owner = :owner,"
                 f" claimed_at = now(), lease_expires_at = {_LEASE},"
                 f" children = (SELECT count(*) FROM dtask_children c WHERE {_COVERS})"
-                " WHERE run_id = :run AND lo = :lo AND claimed_at IS NULL"
+                " WHERE run_id = :run AND lo = :lo AND hi = :hi AND claimed_at IS NULL"
                 " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
                 "   AND r.state IN ('splitting', 'running'))"
                 " RETURNING id, fence)"
@@ -123,7 +128,7 @@ def write(
         sql(
             f"WITH {_HELD},"
             f" w AS (UPDATE dtask_children c SET {assignments}, updated_at = now() FROM m"
-            f" WHERE c.id = :id AND {COVERED}{commit}"
+            f" WHERE c.id = :id AND {_IN_RANGE} AND {COVERED}{commit}"
             " RETURNING c.give_away, c.run_id, c.index, c.worker, c.state,"
             " (c.state <> 'pending' OR c.sent_at IS NOT NULL) AS left_message),"
             f" {_keep(ttl)}"
@@ -135,11 +140,11 @@ def write(
 
 def finish_many(
     conn: Connection, message: int, fence: int, values: str, assignments: str, ttl: float,
-    params: dict[str, Any],
+    params: dict[str, Any], next_child: int | None = None,
 ) -> tuple[set[int], bool]:  # fmt: skip
     """Several children's successes (``values``: the CTE ``v`` of them, ``assignments`` from
     it) under their message's fence, its lease renewed: the ids written, and whether the
-    message is still held."""
+    message is still held (and covers ``next_child``, the one that starts now, if any)."""
     row = conn.execute(
         sql(
             f"WITH {values}, {_HELD},"
@@ -147,14 +152,18 @@ def finish_many(
             "   started_at = coalesce(c.started_at, now()) FROM v, m"
             # through the index of the unsent and covered children, the message's range
             # only: with statistics older than the run, the planner read all of its unsent
-            "   WHERE c.run_id = m.run AND c.index BETWEEN m.lo AND m.hi AND c.id = v.id"
+            f"   WHERE {_IN_RANGE} AND c.id = v.id"
             f"   AND {COVERED}"
             "   RETURNING c.id, true AS left_message),"
             f" {_keep(ttl)}"
-            " SELECT ARRAY(SELECT id FROM w) AS finished, EXISTS (SELECT 1 FROM m) AS held"
+            " SELECT ARRAY(SELECT id FROM w) AS finished,"
+            # the next child starts only if the message is held and covers it still
+            " EXISTS (SELECT 1 FROM m WHERE CAST(:next AS bigint) IS NULL OR EXISTS"
+            f"   (SELECT 1 FROM dtask_children c WHERE c.id = :next AND {_IN_RANGE}"
+            f"   AND {COVERED})) AS held"
             f" WHERE {ASYNC_COMMIT}"
         ),
-        {**params, "message": message, "fence": fence, "ttl": ttl},
+        {**params, "message": message, "fence": fence, "ttl": ttl, "next": next_child},
     ).one()
     return set(row.finished), bool(row.held)
 
@@ -166,7 +175,8 @@ def renew(conn: Connection, message: int, fence: int, child: int, ttl: float) ->
         sql(
             f"UPDATE dtask_messages m SET lease_expires_at = {_LEASE} FROM dtask_runs r"
             " WHERE m.id = :message AND m.fence = :fence AND r.id = m.run_id"
-            f" AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.id = :id AND {COVERED})"
+            " AND EXISTS (SELECT 1 FROM dtask_children c WHERE c.id = :id"
+            f"   AND c.run_id = m.run_id AND c.index BETWEEN m.lo AND m.hi AND {COVERED})"
             f" AND {ASYNC_COMMIT} RETURNING r.state"
         ),
         {"message": message, "fence": fence, "id": child, "ttl": ttl},

@@ -110,12 +110,18 @@ def give_away(
 _OWNS = "fence = :fence AND state = 'running'"
 _HOLDS = (
     f"{COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m WHERE m.id = :message"
-    " AND m.fence = :fence FOR UPDATE)"
+    " AND m.fence = :fence AND m.run_id = c.run_id AND c.index BETWEEN m.lo AND m.hi FOR UPDATE)"
 )
 # a child that runs: under its own claim, or covered by a message a worker owns
 _RUNS = (
     f"c.state = 'running' OR ({COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m"
     " WHERE m.run_id = c.run_id AND m.owner IS NOT NULL AND c.index BETWEEN m.lo AND m.hi))"
+)
+
+
+_CANDIDATE = (
+    "c.run_id, c.index AS child_index, c.spec, c.checkpoint, c.cuts, r.template,"
+    " extract(epoch FROM now() - c.started_at) AS seconds"
 )
 
 
@@ -149,18 +155,22 @@ class StealStore:
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
-                    "SELECT c.run_id, c.index AS child_index, c.spec, c.checkpoint, c.cuts,"
-                    " r.template, extract(epoch FROM now() - c.started_at) AS seconds"
-                    " FROM dtask_runs r JOIN dtask_children c ON c.run_id = r.id"
-                    " WHERE r.state = 'running' AND r.unsent = 0"
-                    " AND coalesce(r.queue, '') = coalesce(:queue, '')"
-                    " AND r.template = ANY(:templates)"
-                    f" AND ({_RUNS}) AND NOT c.give_away"
+                    "WITH r AS (SELECT id, template FROM dtask_runs r"
+                    "  WHERE r.state = 'running' AND r.unsent = 0"
+                    "  AND coalesce(r.queue, '') = coalesce(:queue, '')"
+                    "  AND r.template = ANY(:templates)"
                     # nothing queued: no child sent alone and not taken, no message not taken
-                    " AND NOT EXISTS (SELECT FROM dtask_children p"
+                    "  AND NOT EXISTS (SELECT FROM dtask_children p"
                     "   WHERE p.run_id = r.id AND p.state = 'pending' AND p.sent_at IS NOT NULL)"
-                    " AND NOT EXISTS (SELECT FROM dtask_messages q"
-                    "   WHERE q.run_id = r.id AND q.claimed_at IS NULL)"
+                    "  AND NOT EXISTS (SELECT FROM dtask_messages q"
+                    "   WHERE q.run_id = r.id AND q.claimed_at IS NULL))"
+                    f" SELECT {_CANDIDATE} FROM r JOIN dtask_children c ON c.run_id = r.id"
+                    " WHERE c.state = 'running' AND NOT c.give_away"
+                    # and those owned messages cover, through each one's range
+                    f" UNION ALL SELECT {_CANDIDATE} FROM r"
+                    " JOIN dtask_messages m ON m.run_id = r.id AND m.owner IS NOT NULL"
+                    " JOIN dtask_children c ON c.run_id = r.id AND c.index BETWEEN m.lo AND m.hi"
+                    f" WHERE {COVERED} AND NOT c.give_away"
                 ),
                 {"queue": queue, "templates": list(keys)},
             ).all()

@@ -190,3 +190,36 @@ def test_what_the_message_s_end_leaves_covered_is_sent_again(world: World) -> No
         None,
     )
     assert {world.claim(run, i, "next").attempt for i in (1, 2, 3)} == {1}
+
+
+def test_a_copy_of_another_range_takes_its_children_one_by_one_not_the_message(
+    world: World,
+) -> None:
+    """A message of a range the row does not have (a copy sent before a rerun's rows, whose
+    batch size changed) claims per child, under fences of their own."""
+    queue = world.queue()
+    run = world.waiting(6, client=world.client(), queue=queue)
+    with world.turn() as turn:
+        assert turn is not None
+        assert [[c.index for c in m] for m in turn.take(run, 4, 4)] == [[0, 1, 2, 3]]
+    stale = world.message(run, range(6), "stale")
+    assert sorted(stale) == list(range(6))
+    assert {c.message for c in stale.values()} == {None}
+    assert world.message(run, range(4), "holder") == {}  # the dispatcher's own copy: taken
+    for claim in stale.values():
+        world.children.finish(claim, None)
+    assert counts(world, run) == ChildCounts(total=6, succeeded=6)
+
+
+def test_a_revoked_child_stays_out_of_its_message_through_a_rerun(world: World) -> None:
+    run, _ = sent(world, 4)
+    w = holder(world, run, 4)
+    w.run(0, 1, 3)
+    assert world.children.revoke(run, 2, "revoked")
+    assert world.runs.cancel(run) is RunState.CANCELLED
+    assert world.runs.finalize(run) is RunState.CANCELLED
+    assert world.runs.rerun(run) is RunState.SPLITTING
+    assert world.seen(run, 2)[0] is PENDING
+    with pytest.raises(LeaseLost):  # the message's claim covers it no more
+        world.children.checkpoint(w.claims[2], {"done": 1}, 30)
+    assert world.children.renew_lease(w.claims[2], 30) is None

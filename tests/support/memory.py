@@ -327,6 +327,7 @@ class MemoryChildren:
             if row is None or row.state.finished:
                 return False
             self._fail(row, error)
+            row.sent_at = row.sent_at if row.sent_at is not None else self.t.clock()
             return True
 
     def error(self, run_id: int, index: int) -> str | None:

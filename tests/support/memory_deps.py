@@ -163,11 +163,14 @@ class MemoryRecovery:
 
     def release_expired(self, limit: int = 1000, lease_ttl: float = 8.0) -> list[Redispatch]:
         """Expired leases: a child's row back to pending and sent; a message's claim let go,
-        the children it covered sent each on its own. Those of running runs, to re-send."""
+        the children it covered sent each on its own. Those of running runs, to re-send;
+        ``limit`` rows and ``limit`` messages a call, as PostgreSQL's two statements."""
         with self.t.lock:
             now, resent = self.t.clock(), []
             for row in list(self.t.children.values()):
                 lease = row.lease_expires_at
+                if len(resent) >= limit:
+                    break
                 if row.state is ChildState.RUNNING and lease is not None and lease < now:
                     row.state, row.owner, row.lease_expires_at = ChildState.PENDING, None, None
                     row.sent_at = now
@@ -183,6 +186,6 @@ class MemoryRecovery:
                                 run.queue,
                             )
                         )
-            for m in messages.expired(self.t):
+            for m in messages.expired(self.t)[:limit]:
                 resent.extend(messages.let_go(self.t, m))
-            return resent[:limit]
+            return resent

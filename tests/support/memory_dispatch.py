@@ -173,7 +173,7 @@ class MemoryPass:
 
     def _add_message(self, row: MessageRow) -> None:
         key = (row.run_id, row.lo)
-        row.id = max((m.id for m in self.t.messages.values()), default=0) + 1
+        row.id = next(self.t.message_ids)  # an identity: never reused, as PostgreSQL's
         self._added.append(key)
         self.t.messages[key] = row
 

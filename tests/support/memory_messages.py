@@ -17,7 +17,7 @@ def claim(t: Tables, run_id: int, indexes: list[int], owner: str, ttl: float) ->
     run is active, now ``owner``'s; the children of ``indexes`` it covers with an attempt
     left. None: no such message."""
     m = t.messages.get((run_id, min(indexes)))
-    if m is None or m.claimed_at is not None or not t.active(run_id):
+    if m is None or m.hi != max(indexes) or m.claimed_at is not None or not t.active(run_id):
         return None
     now = t.clock()
     covered = [
@@ -40,6 +40,8 @@ def holds(t: Tables, row: ChildRow, claim: Claim) -> bool:
     return (
         m is not None
         and m.fence == claim.fence
+        and m.run_id == row.run_id
+        and m.lo <= row.index <= m.hi
         and row.state is ChildState.PENDING
         and row.sent_at is None
     )

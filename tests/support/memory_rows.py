@@ -4,10 +4,11 @@ PostgreSQL enforces on them, and the clients' rows."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -132,6 +133,7 @@ class Tables:
     runs: dict[int, RunRow] = field(default_factory=dict)
     children: dict[int, ChildRow] = field(default_factory=dict)
     messages: dict[tuple[int, int], MessageRow] = field(default_factory=dict)  # (run, lo)
+    message_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     clients: dict[str, Client] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
