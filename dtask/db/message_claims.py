@@ -25,10 +25,10 @@ _LEASE = "now() + make_interval(secs => :ttl)"
 # A child a message's claim covers, in a statement where ``m`` is the message's row (``run``,
 # ``lo``, ``hi``)
 _IN_RANGE = "c.run_id = m.run AND c.index BETWEEN m.lo AND m.hi"
-# Its state is not an index's column here: from statistics
-# older than its run, the planner read every unsent child of the run through an index of
-# pending children (their ``sent_at``), taking them for none; so only the keys fit, (id) and
-# (run_id, index), as a message's statements name them
+# Its state is not an index's column here: from statistics older than its run, the planner
+# read every unsent child of the run through an index of pending children (their ``sent_at``),
+# taking them for none; so only the keys fit, (id) and (run_id, index), as a message's
+# statements name them
 COVERED = "c.state || '' = 'pending' AND c.sent_at IS NULL"
 
 _COVERS = (
