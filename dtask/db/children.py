@@ -66,9 +66,7 @@ _TAKEABLE = (
     " AND EXISTS (SELECT 1 FROM dtask_runs r WHERE r.id = :run"
     "   AND r.state IN ('splitting', 'running'))"
     # not a child that a message's claim covers (a copy of a message held by another worker)
-    " AND NOT (state = 'pending' AND sent_at IS NULL AND coalesce((SELECT m.owner IS NOT NULL"
-    "   AND m.hi >= dtask_children.index FROM dtask_messages m WHERE m.run_id = :run"
-    "   AND m.lo <= dtask_children.index ORDER BY m.lo DESC LIMIT 1), false))"
+    f" AND NOT ({message_claims.held('dtask_children')})"
 )
 _TAKEN = (
     "id, fence, attempt, max_attempts, spec, checkpoint,"
@@ -335,28 +333,11 @@ class ChildStore(ChildReads):
         each under its own fence: the ids of those of ``done`` written, and the started claim
         (None as for ``start``). Those a message covers are written under its fence, which
         renews its lease (``claim``, covered too, then starts without a write of its own)."""
-        written: set[int] = set()
-        started: Claim | None = None
-        messages = {d.claim.message for d in done} | {None if claim is None else claim.message}
-        for message in sorted(m for m in messages if m is not None):
-            mine = [d for d in done if d.claim.message == message]
-            fence = mine[0].claim.fence if mine else claim.fence if claim is not None else 0
-            with self.db.owner() as conn:
-                starts = claim.child_id if claim is not None and claim.message == message else None
-                finished, held = message_claims.finish_many(
-                    conn, message, fence, BATCH_VALUES, _COVERED_FINISH, lease_ttl,
-                    batch_values(mine), starts,
-                )  # fmt: skip
-            written |= finished
-            if claim is not None and claim.message == message and held:
-                started = claim
+        written, started = self._finish_covered(done, claim, lease_ttl)
         done = [d for d in done if d.claim.message is None]
-        if claim is not None and claim.message is not None:
-            if not done:
-                return written, started
-            claim = None
-        elif not done and claim is None:
-            return written, None
+        claim = claim if claim is not None and claim.message is None else None
+        if not done and claim is None:
+            return written, started
         with self.db.owner() as conn:
             row = conn.execute(
                 sql(
@@ -381,6 +362,30 @@ class ChildStore(ChildReads):
         if claim is None or row.attempt is None:
             return written, started
         return written, replace(claim, attempt=row.attempt, counted=True)
+
+    def _finish_covered(
+        self, done: list[Finished], claim: Claim | None, lease_ttl: float
+    ) -> tuple[set[int], Claim | None]:
+        """``write_batch``'s part under messages' claims: per message (one, in a message's
+        path), its covered children's successes and, if ``claim`` is covered by it, whether
+        that one starts."""
+        written: set[int] = set()
+        started: Claim | None = None
+        messages = {d.claim.message for d in done} | {None if claim is None else claim.message}
+        for message in sorted(m for m in messages if m is not None):
+            mine = [d for d in done if d.claim.message == message]
+            starts = claim if claim is not None and claim.message == message else None
+            fenced = mine[0].claim if mine else starts
+            assert fenced is not None  # the message is one of done's or claim's
+            with self.db.owner() as conn:
+                finished, held = message_claims.finish_many(
+                    conn, message, fenced.fence, BATCH_VALUES, _COVERED_FINISH, lease_ttl,
+                    batch_values(mine), None if starts is None else starts.child_id,
+                )  # fmt: skip
+            written |= finished
+            if starts is not None and held:
+                started = starts
+        return written, started
 
     def unclaim(self, claim: Claim) -> None:
         """Hand back a child taken by ``claim_many`` that never started (a drain)."""

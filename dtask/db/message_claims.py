@@ -31,6 +31,17 @@ _IN_RANGE = "c.run_id = m.run AND c.index BETWEEN m.lo AND m.hi"
 # statements name them
 COVERED = "c.state || '' = 'pending' AND c.sent_at IS NULL"
 
+
+def held(c: str) -> str:
+    """SQL true of child ``c`` (a table or its alias) while a message a worker owns covers
+    it: it runs under that message's claim, pending in its row."""
+    return (
+        f"{c}.state = 'pending' AND {c}.sent_at IS NULL AND EXISTS (SELECT 1 FROM dtask_messages m"
+        f" WHERE m.run_id = {c}.run_id AND m.owner IS NOT NULL"
+        f" AND {c}.index BETWEEN m.lo AND m.hi)"
+    )
+
+
 _COVERS = (
     "c.run_id = :run AND c.index BETWEEN :lo AND :hi"
     f" AND c.index = ANY(:indexes) AND {COVERED} AND c.attempt < c.max_attempts"

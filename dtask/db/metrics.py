@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from dtask.db.alerts import AlertStore
 from dtask.db.counters import CounterStore
 from dtask.db.database import Database, sql
-from dtask.db.queued import HELD
+from dtask.db.queued import HELD, as_running
 from dtask.domain.tiers import DEFAULT_QUEUE
 
 
@@ -39,12 +39,8 @@ class MetricsStore:
             ).all():
                 found.children[state] = int(n)
                 found.attempts += int(tries or 0)
-            held = int(
-                conn.execute(sql(f"SELECT coalesce(sum(n), 0) FROM ({HELD}) h")).scalar_one()
-            )
-            if held:  # running under their messages' claims, pending in their rows
-                found.children["pending"] = found.children.get("pending", 0) - held
-                found.children["running"] = found.children.get("running", 0) + held
+            held = conn.execute(sql(f"SELECT coalesce(sum(n), 0) FROM ({HELD}) h")).scalar_one()
+            as_running(found.children, int(held))
             found.lag = [
                 (r.queue or DEFAULT_QUEUE, r.client, float(r.lag))
                 for r in conn.execute(

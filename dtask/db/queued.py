@@ -52,6 +52,14 @@ def held(run: str) -> str:
     )
 
 
+def as_running(states: dict[str, int], held: int) -> None:
+    """Children counted by their rows' states (``states``, changed in place): ``held`` of the
+    pending ones run under their messages' claims."""
+    if held:
+        states["pending"] = states.get("pending", 0) - held
+        states["running"] = states.get("running", 0) + held
+
+
 # A worker took the message of run ``:run`` that starts at child ``:lo`` (a copy of it, or a
 # message that is not the dispatcher's, finds it taken, or no row): a CTE of the claim
 SEEN = (

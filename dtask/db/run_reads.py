@@ -76,10 +76,8 @@ class RunReads:
             {"id": run_id},
         )
         states = {r.state: r.n for r in rows}
-        held = conn.execute(sql(f"SELECT {queued.held(':id')}"), {"id": run_id}).scalar() or 0
-        if held:  # running under their message's claim, pending in their rows
-            states["pending"] = states.get("pending", 0) - held
-            states["running"] = states.get("running", 0) + held
+        held = conn.execute(sql(f"SELECT {queued.held(':id')}"), {"id": run_id}).scalar_one()
+        queued.as_running(states, held)
         return ChildCounts.from_states(states)
 
     def status(self, run_id: int) -> RunStatus:

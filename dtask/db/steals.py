@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtask.db.database import Database, lock_run, sql
-from dtask.db.message_claims import COVERED
+from dtask.db.message_claims import COVERED, held
 from dtask.db.queued import HELD, QUEUED
 from dtask.domain.stealing import Running
 from dtask.exceptions import LeaseLost
@@ -113,10 +113,7 @@ _HOLDS = (
     " AND m.fence = :fence AND m.run_id = c.run_id AND c.index BETWEEN m.lo AND m.hi FOR UPDATE)"
 )
 # a child that runs: under its own claim, or covered by a message a worker owns
-_RUNS = (
-    f"c.state = 'running' OR ({COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m"
-    " WHERE m.run_id = c.run_id AND m.owner IS NOT NULL AND c.index BETWEEN m.lo AND m.hi))"
-)
+_RUNS = f"c.state = 'running' OR ({held('c')})"
 
 
 _CANDIDATE = (

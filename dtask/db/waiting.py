@@ -60,10 +60,12 @@ class WaitingReads:
                 return facts, workers
             left = conn.execute(
                 sql(
-                    f"SELECT count(*) FILTER (WHERE state = 'running') + {held(':id')} AS running,"
-                    f" count(*) FILTER (WHERE state = 'pending') - {held(':id')}"
+                    "SELECT c.running + h.n AS running, c.queued - h.n AS queued FROM"
+                    " (SELECT count(*) FILTER (WHERE state = 'running') AS running,"
+                    " count(*) FILTER (WHERE state = 'pending')"
                     f" - count(*) FILTER (WHERE {unsent(':mark')}) AS queued FROM dtask_children"
-                    " WHERE run_id = :id AND state IN ('pending', 'running')"
+                    " WHERE run_id = :id AND state IN ('pending', 'running')) c,"
+                    f" (SELECT {held(':id')} AS n) h"
                 ),
                 {"id": run_id, "mark": run.sent_through},
             ).one()

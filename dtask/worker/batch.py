@@ -123,7 +123,7 @@ class Held:
         self.renewed_at = time.monotonic()
         return state
 
-    def close(self, claims: Iterable[Claim]) -> None:
+    def close(self, run_id: int, claims: Iterable[Claim]) -> None:
         """The message's end: let go of its claim (if it was claimed as one row). Children it
         still covers (their ends not written) are sent again on their own; where PostgreSQL
         cannot be reached, its lease expires and the reaper sends them."""
@@ -133,10 +133,10 @@ class Held:
         try:
             left = services.store().children.close(claim)
         except DatabaseUnavailable as exc:
-            log.info("run %s: message not let go (its lease will expire): %s", claim, exc)
+            log.info("run %s: message not let go (its lease will expire): %s", run_id, exc)
             return
         if left:
-            log.info("run %s: %s children of a message sent again", left[0].run_id, len(left))
+            log.info("run %s: %s children of a message sent again", run_id, len(left))
             publish(left)
 
     def flush(self) -> None:
@@ -225,7 +225,7 @@ def children(
                     took.append(seconds)
         finally:
             held.flush()
-            held.close(ahead.values())
+            held.close(run_id, ahead.values())
         if took:
             # the message's whole time per child ran, its claim and bookkeeping included: by
             # claim-to-finish alone, messages meant to take 50 ms took twice that
