@@ -37,7 +37,10 @@ def main() -> int:
     try:
         run_id, _ = store.runs.create(NewRun("bench_noop", "child-path", {"n": args.n}, 3, None))
         store.runs.split(run_id, lambda r, _: registry.get(r.template).plan(r.variables, args.n))
-        store.runs.dispatch(run_id, lambda run, children: None)  # no broker: call the task body
+        # no broker: the task bodies are called; messages of several are taken as the
+        # dispatcher takes them (a row each in dtask_messages, claimed as one)
+        deferred = args.batch > 1
+        store.runs.dispatch(run_id, lambda run, children: None, deferred=deferred)
 
         group = store.runs.get(run_id).group_id
 
@@ -46,11 +49,11 @@ def main() -> int:
                 for i in indexes:
                     tasks.child.run(run_id, i, "bench_noop", {"a": i + 1, "b": i + 1})
                 return
-            for first in range(indexes.start, indexes.stop, args.batch):
-                items = [
-                    [i, {"a": i + 1, "b": i + 1}]
-                    for i in range(first, min(first + args.batch, indexes.stop))
-                ]
+            with store.dispatch.turn(wait=10) as turn:
+                assert turn is not None
+                messages = turn.take(run_id, len(indexes), args.batch)
+            for message in messages:
+                items = [[c.index, c.spec] for c in message]
                 batch.children.run(run_id, "bench_noop", group, None, items)
 
         warm = args.n // 10

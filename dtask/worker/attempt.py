@@ -12,7 +12,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from celery.exceptions import Ignore
 
@@ -33,8 +33,7 @@ from dtask.exceptions import (
 )
 from dtask.settings import Settings
 from dtask.worker import coroutines, drain, links, runaway, steals
-from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
-from dtask.worker.delivery import Delivery
+from dtask.worker.child_store import Child, LifecycleStore, hand_over, owner_name, patiently
 from dtask.worker.finalize import finalize_if_last
 from dtask.worker.heartbeat import Heartbeat
 from dtask.worker.output import Tail
@@ -44,25 +43,40 @@ T = TypeVar("T")
 TRACEBACK_KEPT = 16_000  # characters of a failed attempt's traceback kept (its end)
 
 
+class Message(Protocol):
+    """What an attempt asks of the message its child came in (``Received``,
+    dtask/worker/received.py)."""
+
+    @property
+    def store(self) -> LifecycleStore: ...
+    def renew(self, child: Child, claim: Claim, lease_ttl: float) -> RunState | None: ...
+    def finish(self, child: Child, done: Finished) -> None: ...
+    def retry(
+        self, child: Child, countdown: float, exc: BaseException | None = None
+    ) -> NoReturn: ...
+    def ended(self, child: Child) -> None: ...
+
+
 class Attempt:
+    """Step 3 of a child's path (dtask/worker/received.py): ``child`` of the message
+    ``received``, under ``claim``; it asks ``received`` where its lease is renewed, its success
+    written, and how it is tried again or ends."""
+
     def __init__(
-        self,
-        delivery: Delivery,
-        store: LifecycleStore,
-        claim: Claim,
-        config: Settings,
-        claimed_at: float,
+        self, received: Message, child: Child, claim: Claim, config: Settings, claimed_at: float
     ) -> None:
-        self.delivery, self.store, self.claim, self.config = delivery, store, claim, config
-        self.template = registry.get(delivery.template)
+        self.received, self.child, self.claim, self.config = received, child, claim, config
+        store: LifecycleStore = received.store
+        self.store = store
+        self.template = registry.get(child.template)
         options = self.template.options
         cap = claim.execution_cap or options.execution_cap or config.default_execution_cap
-        self.cap = Cap(cap, delivery, claim.attempt)
+        self.cap = Cap(cap, child, claim.attempt)
         grace = config.execution_cap_grace
         self.beat = Heartbeat(
             self._renew,
             config.heartbeat_interval,
-            name=f"{delivery.run_id}.{delivery.index}",
+            name=f"{child.run_id}.{child.index}",
             give_up_at=self.cap.deadline + grace,
             give_up=lambda: runaway.kill_this_pool_process(
                 self.cap.killed(grace),
@@ -83,10 +97,10 @@ class Attempt:
     def _renew(self) -> RunState | None:
         """The heartbeat: renew the lease; and where the child printed since the last one,
         write what it printed so far (`dtask logs --follow`), a lost write only a late one."""
-        state = self.delivery.renew(self.store, self.claim, self.config.lease_ttl)
+        state = self.received.renew(self.child, self.claim, self.config.lease_ttl)
         written = self.printed.written
         if state is not None and written != self.logged:
-            d = self.delivery
+            d = self.child
             try:
                 self.store.children.write_log(
                     d.run_id, d.index, self.claim.attempt, owner_name(), self.printed.kept()
@@ -97,9 +111,9 @@ class Attempt:
         return state
 
     def run(self) -> None:
-        """Run the child to its end here; raises what its delivery's retry raises, Ignore
+        """Run the child to its end here; raises what its message's retry raises, Ignore
         where it stopped or was lost, ChildFailed where it failed for good."""
-        claim, config, delivery = self.claim, self.config, self.delivery
+        claim, config, child = self.claim, self.config, self.child
         drain.running(self._hand_back)
         try:
             with self.beat:
@@ -107,13 +121,13 @@ class Attempt:
                 value = self._call()
                 self.worked = time.monotonic() - called_at
                 if self.beat.lost.is_set():
-                    raise LeaseLost(f"{delivery} was taken over elsewhere")
-                what = str(delivery)
+                    raise LeaseLost(f"{child} was taken over elsewhere")
+                what = str(child)
                 limit = config.max_child_result
                 result = encode_result(value, limit, what, "DTASK_MAX_CHILD_RESULT")
                 final = self.context.unsaved_checkpoint  # with ctx.state: checked as any
                 done = Finished(claim, final, result, self.printed.text())
-                self._write(lambda: delivery.finish(self.store, done))
+                self._write(lambda: self.received.finish(child, done))
         except (LeaseLost, DatabaseUnavailable) as exc:
             self._lost(exc)
             raise
@@ -131,19 +145,19 @@ class Attempt:
                 log.warning(
                     "%s attempt %s printed %s characters more than this log takes"
                     " (DTASK_MAX_CHILD_LOG); its last ones: dtask logs %s --child %s",
-                    delivery, claim.attempt, f"{unlogged:,}", delivery.run_id, delivery.index,
+                    child, claim.attempt, f"{unlogged:,}", child.run_id, child.index,
                 )  # fmt: skip
 
     def _call(self) -> Any:
         claim, config, options = self.claim, self.config, self.template.options
         self.context = ChildContext(
-            run_id=self.delivery.run_id,
-            index=self.delivery.index,
-            template=self.delivery.template,
+            run_id=self.child.run_id,
+            index=self.child.index,
+            template=self.child.template,
             attempt=claim.attempt,
             checkpoint_state=claim.checkpoint,
             writer=tracing.checkpoints(
-                self.delivery.index,
+                self.child.index,
                 lambda state: self._write(
                     lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
                 ),
@@ -178,7 +192,7 @@ class Attempt:
     def _let_go(self) -> BaseException | None:
         """Why an async child's task is cancelled now, if it is: what its sync twin's next
         step would raise."""
-        what = f"run {self.delivery.run_id} child {self.delivery.index}"
+        what = str(self.child)
         if self.beat.lease_lost():
             return LeaseLost(f"{what} was taken over elsewhere")
         if self.context.should_stop():
@@ -212,7 +226,7 @@ class Attempt:
         """The heartbeat saw the run stop running. Cancelled with ``terminate``: a child that
         has not stopped at its next step within the grace has its pool process killed, released
         first (a rerun resumes it from its checkpoint)."""
-        d, store, claim = self.delivery, self.store, self.claim
+        d, store, claim = self.child, self.store, self.claim
         try:
             if not store.runs.terminating(d.run_id):
                 return
@@ -228,7 +242,7 @@ class Attempt:
         )
 
     def _give_away(self, stealable: Stealable, keys: tuple[str, str], at: int) -> bool:
-        d, claim = self.delivery, self.claim
+        d, claim = self.child, self.claim
         deferred = self.config.dispatch == "window"
         gift = self._write(
             lambda: self.store.children.give_away(claim, d.run_id, keys, stealable.b, at, deferred)
@@ -245,7 +259,7 @@ class Attempt:
         self._resend()
 
     def _resend(self) -> bool:
-        d = self.delivery
+        d = self.child
         return hand_over(self.store, d.run_id, d.template, [(d.index, d.spec)])
 
     def _lost(self, exc: Exception) -> None:
@@ -256,7 +270,7 @@ class Attempt:
             if moved is None:
                 links.cut_off()
             if not moved:
-                why = expired(beat, self.delivery.index, exc, cut_off=moved is None)
+                why = expired(beat, self.child.index, exc, cut_off=moved is None)
                 raise LeaseLost(why) from None
 
     def _stopped(self) -> None:
@@ -267,12 +281,12 @@ class Attempt:
         # and its message for this child was dropped as a duplicate while we held the lease.
         # hand_over re-sends only while the run is active.
         if not self._resend():
-            self.delivery.ended()
-        log.info("%s stopped at its checkpoint and was released", self.delivery)
+            self.received.ended(self.child)
+        log.info("%s stopped at its checkpoint and was released", self.child)
         raise Ignore() from None
 
     def _failed(self, exc: Exception) -> None:
-        d, claim = self.delivery, self.claim
+        d, claim = self.child, self.claim
         error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, DtaskError) else str(exc)
         output, skipped = self.printed.kept()
         final = not self.template.options.retries(exc)
@@ -287,22 +301,22 @@ class Attempt:
             "%s attempt %s/%s failed, retrying from its checkpoint: %s",
             d, claim.attempt, claim.max_attempts, error,
         )  # fmt: skip
-        d.retry(self.config.retry_delay, exc)
+        self.received.retry(d, self.config.retry_delay, exc)
 
 
 class Cap:
     """An attempt's execution cap, counted from when this worker started the attempt."""
 
-    def __init__(self, seconds: float | None, delivery: Delivery, attempt: int) -> None:
+    def __init__(self, seconds: float | None, child: Child, attempt: int) -> None:
         self.seconds = seconds
         self.deadline = math.inf if seconds is None else time.monotonic() + seconds
-        self._delivery, self._attempt = delivery, attempt
+        self._child, self._attempt = child, attempt
 
     def exceeded(self) -> bool:
         return time.monotonic() >= self.deadline
 
     def message(self) -> str:
-        what = f"{self._delivery} attempt {self._attempt}"
+        what = f"{self._child} attempt {self._attempt}"
         return f"{what} exceeded its execution cap of {self.seconds:g} s"
 
     def killed(self, grace: float) -> str:

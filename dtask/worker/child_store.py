@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from dtask.db import Claim, Redispatch
@@ -18,6 +19,20 @@ from dtask.worker.finalize import Finalizes
 from dtask.worker.messages import publish
 
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Child:
+    """One child of a received message; ``taken``: its claim, if it was claimed ahead."""
+
+    run_id: int
+    index: int
+    template: str
+    spec: dict[str, Any]
+    taken: Claim | None = None
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} child {self.index}"
 
 
 class ChildWrites(Protocol):

@@ -6,7 +6,7 @@ every dtask setting) or Celery's ``task_always_eager`` (``CELERY_TASK_ALWAYS_EAG
 is created as any submit creates it (the same checks: variables, split size, client, key),
 then goes through the worker's own code, called here instead of through messages: the
 master's split (``run_master``, its children handed back instead of sent), each child in
-index order through the child lifecycle (``run_child``: claim, lease and heartbeats,
+index order through a child's path (``Received``: claim, lease and heartbeats,
 ``ctx.resume`` checkpoints, the execution cap, its result; a failed attempt is tried again at
 once, as Celery's eager retry is, until the template's attempts are spent) and the finalize
 (the template's reduce, the run's result or its failure). So ``template.delay(...)`` returns a
@@ -114,25 +114,27 @@ def run(run_id: int) -> RunState:
 
 
 def _run_child(run_id: int, index: int, template: str, spec: dict[str, Any]) -> None:
-    from dtask.worker.delivery import Delivery
-    from dtask.worker.lifecycle import run_child
+    from dtask.worker.child_store import Child
+    from dtask.worker.received import Received
 
-    class InProcess(Delivery):
+    class InProcess(Received):
         """The in-process stand-in of a child's message: a retry runs it again at once; the
         run is finalized once its children have all run."""
 
-        def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        def retry(
+            self, child: Child, countdown: float, exc: BaseException | None = None
+        ) -> NoReturn:
             self.retries += 1
             raise _Again(exc)
 
-        def finalize(self, store: Any) -> None:
+        def finalize(self, child: Child) -> None:
             pass
 
-    delivery = InProcess(run_id, index, template, spec)
+    delivery = InProcess([Child(run_id, index, template, spec)])
     tries = 2 * registry.get(template).options.max_attempts + 2  # bounds a refusal's loop
     while True:
         try:
-            run_child(delivery)
+            delivery.run()
             return
         except _Again as again:
             if isinstance(again.exc, DatabaseUnavailable):

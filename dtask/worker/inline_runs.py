@@ -1,12 +1,11 @@
 """One-child runs whose child runs in their master's task (``InMaster``): a ``dtask.master``
 message's run, or several runs of a ``dtask.masters`` message taken together (``run_many``):
 split in one transaction, their children run one after the other, their successes and the
-runs' with them written in one (``HeldRuns``). What that saves over a child message is
+runs' with them written in one (``InMasters``). What that saves over a child message is
 docs/benchmarks.md's "many small runs"."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -19,16 +18,14 @@ from celery.exceptions import Ignore
 from dtask import services
 from dtask.db import Claim, Finished, Store
 from dtask.db.children import lease_lost
-from dtask.db.inline import Taken
 from dtask.db.workers import LiveSlots
 from dtask.domain.runs import RunState
 from dtask.domain.templates import registry
-from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
-from dtask.worker import chains, drain, links
-from dtask.worker.child_store import LifecycleStore, hand_over, owner_name, patiently
-from dtask.worker.delivery import Delivery
+from dtask.exceptions import ChildFailed, DatabaseUnavailable
+from dtask.worker import chains, links
+from dtask.worker.child_store import Child, hand_over, owner_name, patiently
 from dtask.worker.finalize import finalize_run, start_released
-from dtask.worker.lifecycle import run_child, unwritten_for
+from dtask.worker.received import Received, unclaim, unwritten_for
 from dtask.worker.time_limit import time_limit
 
 log = logging.getLogger("dtask.worker")
@@ -52,69 +49,66 @@ def note_child_seconds(template: str, took: float) -> None:
     _child_seconds.setdefault(template, deque(maxlen=SEEN)).append(took)
 
 
-def run_inline(inline: list[InMaster]) -> None:
+def run_inline(children: list[Child]) -> None:
     """Run children taken by their masters' splits, noting their time."""
-    for child in inline:
-        took = child.run()
-        if took is not None:
-            note_child_seconds(child.template, took)
+    InMaster(children).run()
 
 
-class InMaster(Delivery):
-    """A one-child run's child, taken for its master's task by the split (``run_master``'s
-    ``inline``) and run there: no message, no dispatcher pass, no chord count of its own; it
-    finishes its run with it (in one transaction where the template has no reduce). Tried
-    again later, or handed over, as a ``dtask.child`` message of its own. Flower shows the
-    master's task for it."""
+class InMaster(Received):
+    """One-child runs' children, taken for their masters' task by the split (``run_master``'s
+    ``inline``) and run there: no message, no dispatcher pass, no chord count of their own;
+    each finishes its run with it (in one transaction where the template has no reduce).
+    Tried again later, or handed over, as a ``dtask.child`` message of its own. Flower shows
+    the master's task for them."""
 
-    def __init__(self, run_id: int, index: int, template: str, claim: Claim) -> None:
-        super().__init__(run_id, index, template, claim.spec, claim)
-        self.finished_run = False
+    skipped = (Ignore, ChildFailed)
 
-    def run(self) -> float | None:
-        """Its child run here: the seconds its function took, or None where it did not end."""
-        drain.arm()
-        try:
-            if drain.draining():  # stopping: let another process take it
-                self.retry(0.0)
-            return run_child(self)
-        except (Ignore, ChildFailed):  # logged; PostgreSQL holds the outcome
-            return None
-        finally:
-            drain.finished()  # a process that got SIGTERM takes no further work
+    def __init__(self, children: list[Child]) -> None:
+        super().__init__(children)
+        self.finished_runs: set[int] = set()
 
-    def finish(self, store: LifecycleStore, done: Finished) -> None:
-        if registry.get(self.template).reduce is not None:
-            super().finish(store, done)
+    def finish(self, child: Child, done: Finished) -> None:
+        if registry.get(child.template).reduce is not None:
+            super().finish(child, done)
             return
         chained: list[int] = []
         whole = services.store()  # its runs finish alone; a LifecycleStore's only finalize
-        released = whole.runs.finish_alone(self.run_id, done, chained)
-        self.finished_run = released is not None
+        released = whole.runs.finish_alone(child.run_id, done, chained)
+        if released is not None:
+            self.finished_runs.add(child.run_id)
         if chained:
-            chains.after_finish(whole, self.run_id)
+            chains.after_finish(whole, child.run_id)
         if released:
-            start_released(self.run_id, released)
+            start_released(child.run_id, released)
 
-    def finalize(self, store: LifecycleStore) -> None:
-        if self.finished_run:
+    def finalize(self, child: Child) -> None:
+        if child.run_id in self.finished_runs:
             return
         try:
-            state = finalize_run(store, self.run_id, chord=False)
-            log.info("run %s finalized by its child: %s", self.run_id, state.value)
+            state = finalize_run(self.store, child.run_id, chord=False)
+            log.info("run %s finalized by its child: %s", child.run_id, state.value)
         except Exception as exc:  # the child itself succeeded: never fail it for this
             log.warning(
-                "run %s: not finalized by its child (the reaper will): %s", self.run_id, exc
+                "run %s: not finalized by its child (the reaper will): %s", child.run_id, exc
             )
 
-    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
-        store = services.store()
-        claim = self.taken
+    def retry(self, child: Child, countdown: float, exc: BaseException | None = None) -> NoReturn:
+        claim = child.taken
         assert claim is not None  # a master's split takes its child
-        with contextlib.suppress(LeaseLost, DatabaseUnavailable):  # not ours any more: as is
-            store.children.unclaim(claim)
-        hand_over(store, self.run_id, self.template, [(self.index, self.spec)], countdown)
+        unclaim(self.store, claim)
+        hand_over(self.store, child.run_id, child.template, [(child.index, child.spec)], countdown)
         raise Ignore()
+
+    def hand_back(self, rest: list[Child], countdown: float | None = None) -> None:
+        """Each of its own run (they may be several runs')."""
+        for child in rest:
+            super().hand_back([child], countdown)
+
+    def one(self, child: Child) -> float | None:
+        took = super().one(child)
+        if took is not None:
+            note_child_seconds(child.template, took)
+        return took
 
 
 _slow_plans: set[str] = set()  # templates whose plan of several children took long here
@@ -143,7 +137,7 @@ def run_many(store: Store, run_ids: list[int], siblings: int = 0) -> list[int]:
     """Take those of ``run_ids`` that are one child each and would start at once (and up to
     ``siblings`` more pending runs of the first one's template and priority: the pending runs
     a master of a short template takes with its own), in one transaction, and run their
-    children here, their successes written together (``HeldRuns``); those of ``run_ids`` for
+    children here, their successes written together (``InMasters``); those of ``run_ids`` for
     their masters' usual path (``run_master``). A run already split is in neither."""
     settings = services.current().settings
 
@@ -162,66 +156,53 @@ def run_many(store: Store, run_ids: list[int], siblings: int = 0) -> list[int]:
             _slow_plans.add(template)
         return specs
 
-    claimed_at = time.monotonic()
     taken, left = store.inline.split_many(run_ids, plan, owner_name(), settings.lease_ttl, siblings)
-    held = HeldRuns(claimed_at)
-    try:
-        run_inline([InMasters(run, held) for run in taken])
-    finally:
-        held.flush()
+    InMasters([Child(r.run_id, 0, r.template, r.claim.spec, r.claim) for r in taken]).run()
     return left
 
 
 class InMasters(InMaster):
-    """A child of one of ``run_many``'s runs: its first start writes nothing (its attempt is
-    counted with its end) and its success waits in ``HeldRuns``, as a child of a
-    ``dtask.children`` message's does in its ``Held``."""
+    """The children of ``run_many``'s runs: a child's first start writes nothing (its attempt
+    is counted with its end) while the split is young, and its success is held, then written
+    with its run's in one transaction (``InlineStore.finish_many``) by the next start that
+    must write, a heartbeat, or the end. A worker killed in between runs those children again
+    (the writes are fenced: each counts once) without spending an attempt. Used by the pool
+    process's thread and its child's heartbeat thread."""
 
-    def __init__(self, run: Taken, held: HeldRuns) -> None:
-        super().__init__(run.run_id, 0, run.template, run.claim)
-        self.held = held
-
-    def start(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> Claim | None:
-        if not claim.counted and time.monotonic() - self.held.claimed_at < unwritten_for():
-            return claim
-        self.held.flush()
-        return super().start(store, claim, lease_ttl)
-
-    def renew(self, store: LifecycleStore, claim: Claim, lease_ttl: float) -> RunState | None:
-        """Writes the successes held first: their leases run from the split."""
-        self.held.flush()
-        return super().renew(store, claim, lease_ttl)
-
-    def finish(self, store: LifecycleStore, done: Finished) -> None:
-        self.held.hold(self, done)
-
-    def finalize(self, store: LifecycleStore) -> None:
-        """``HeldRuns.flush`` finishes the run with its child."""
-
-
-class HeldRuns:
-    """The successes of ``run_many``'s children not written yet, written with their runs'
-    in one transaction (``InlineStore.finish_many``) by the next start that must write, a
-    heartbeat, or the end of ``run_many``. A worker killed in between runs those children
-    again (the writes are fenced: each counts once) without spending an attempt. Used by the
-    pool process's thread and its child's heartbeat thread."""
-
-    def __init__(self, claimed_at: float) -> None:
-        self.claimed_at = claimed_at
-        self.done: list[tuple[InMasters, Finished]] = []
+    def __init__(self, children: list[Child]) -> None:
+        super().__init__(children)
+        self.claimed_at = time.monotonic()
+        self.held: list[tuple[Child, Finished]] = []
         self._lock = threading.Lock()
 
-    def hold(self, child: InMasters, done: Finished) -> None:
-        with self._lock:
-            self.done.append((child, done))
+    def start(self, child: Child, claim: Claim, lease_ttl: float) -> Claim | None:
+        if not claim.counted and time.monotonic() - self.claimed_at < unwritten_for():
+            return claim
+        self._flush()
+        return super().start(child, claim, lease_ttl)
 
-    def flush(self) -> None:
+    def renew(self, child: Child, claim: Claim, lease_ttl: float) -> RunState | None:
+        """Writes the successes held first: their leases run from the split."""
+        self._flush()
+        return super().renew(child, claim, lease_ttl)
+
+    def finish(self, child: Child, done: Finished) -> None:
+        with self._lock:
+            self.held.append((child, done))
+
+    def finalize(self, child: Child) -> None:
+        """``close`` finishes the run with its child."""
+
+    def close(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
         """Never raises: where PostgreSQL cannot be reached, the children's leases run out and
         the reaper sends them again, as for a worker cut off."""
         store = services.store()
         ttl = services.current().settings.lease_ttl
         with self._lock:
-            done, self.done = self.done, []
+            done, self.held = self.held, []
             if not done:
                 return
             try:

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from celery import Task
+from celery.exceptions import Ignore
 
 from dtask import services
 from dtask.db import RunRecord, Store
@@ -32,13 +33,12 @@ from dtask.exceptions import (
 from dtask.settings import Settings
 from dtask.worker import chains, dispatcher, drain, task_table, traces
 from dtask.worker.app import app
-from dtask.worker.child_store import owner_name
-from dtask.worker.delivery import Delivery
+from dtask.worker.child_store import Child, owner_name
 from dtask.worker.finalize import finalize_run
-from dtask.worker.inline_runs import InMaster, child_seconds, run_inline, run_many, together
-from dtask.worker.lifecycle import note_time, noted, run_child, template_backoff
+from dtask.worker.inline_runs import child_seconds, run_inline, run_many, together
 from dtask.worker.masters import PER_MESSAGE, Master, send_masters
 from dtask.worker.messages import TEMPLATE_HEADER, readable, send_chord, send_master
+from dtask.worker.received import Received, note_time, noted, template_backoff
 from dtask.worker.task_table import CHAINS, CHILD, FINALIZE, MASTER, MASTERS, SUBMIT
 from dtask.worker.time_limit import time_limit
 
@@ -79,7 +79,7 @@ def run_master(
     store: Store,
     run_id: int,
     wait: bool = True,
-    inline: list[InMaster] | None = None,
+    inline: list[Child] | None = None,
     send: Callable[[RunRecord, list[tuple[int, dict[str, Any]]]], None] | None = None,
 ) -> RunState:
     """Split and dispatch ``run_id`` if that has not happened yet (the master task's body).
@@ -118,7 +118,7 @@ def run_master(
         offer = Inline(owner_name(), settings.lease_ttl)
     state = store.runs.split(run_id, plan, wait=wait, deferred=deferred, offer=offer)
     if inline is not None and offer is not None:
-        inline.extend(InMaster(run_id, i, offer.template, claim) for i, claim in offer.taken)
+        inline.extend(Child(run_id, i, offer.template, c.spec, c) for i, c in offer.taken)
     if state is RunState.PENDING:
         starts_in = store.runs.get(run_id).starts_in
         if starts_in > 0:
@@ -154,7 +154,7 @@ def _master(self: Task, run_id: int) -> None:
         and not run_many(services.store(), [run_id], batch_size(seen) - 1)
     ):
         return  # taken (and run), or split already
-    inline: list[InMaster] = []
+    inline: list[Child] = []
     try:
         state = run_master(services.store(), run_id, inline=inline)
     except TemplateElsewhere as exc:
@@ -175,7 +175,7 @@ def _header(task: Task, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _split(store: Store, run_id: int, state: RunState, inline: list[InMaster]) -> None:
+def _split(store: Store, run_id: int, state: RunState, inline: list[Child]) -> None:
     """A master's run after its split: a failed split's chains told, its child run here."""
     log.info("run %s is %s", run_id, state.value)
     if state.finished:  # its split failed: a chain waiting for it fails with its error
@@ -221,7 +221,7 @@ def _masters(self: Task, template: str, priority: int, ids: list[int]) -> None:
         if position and (drain.draining() or time.monotonic() - began >= MESSAGE_SECONDS):
             _send_back(template, priority, ids[position:])
             return
-        inline: list[InMaster] = []
+        inline: list[Child] = []
         try:
             state = run_master(store, run_id, inline=inline)
         except TemplateElsewhere as exc:
@@ -280,13 +280,14 @@ def continue_chains(run_id: int) -> None:
         log.info("run %s: its chains were sent", run_id)
 
 
-class OwnMessage(Delivery):
-    """A ``dtask.child`` message: one child, tried again as Celery retries its task."""
+class OwnMessage(Received):
+    """A ``dtask.child`` message: one child, tried again as Celery retries its task; its
+    time noted for the dispatcher now and then (``noted``)."""
 
     def __init__(
         self, task: Task, run_id: int, index: int, template: str, spec: dict[str, Any]
     ) -> None:
-        super().__init__(run_id, index, template, spec)
+        super().__init__([Child(run_id, index, template, spec)])
         self.task = task
         self.reprs = readable(template, run_id, index, spec)
 
@@ -294,11 +295,23 @@ class OwnMessage(Delivery):
     def retries(self) -> int:  # type: ignore[override]
         return int(self.task.request.retries or 0)
 
-    def retry(self, countdown: float, exc: BaseException | None = None) -> NoReturn:
+    def retry(self, child: Child, countdown: float, exc: BaseException | None = None) -> NoReturn:
         raise self.task.retry(countdown=countdown, max_retries=None, exc=exc, **self.reprs)
 
-    def ended(self) -> None:
+    def elsewhere(self, countdown: float) -> NoReturn:
+        self.retry(self.children[0], countdown)
+
+    def hand_back(self, rest: list[Child], countdown: float | None = None) -> None:
+        super().hand_back(rest, countdown)
+        raise Ignore()
+
+    def ended(self, child: Child) -> None:
         _ended_for_flower(self.task)
+
+    def ended_all(self) -> None:
+        child = self.children[0]
+        if self.took and noted(child.index):
+            note_time(child.run_id, self.took[0])
 
 
 # track_started=False: a child's "running" lives in PostgreSQL (and Flower gets the
@@ -309,9 +322,7 @@ def child(self: Task, run_id: int, index: int, template: str, spec: dict[str, An
     """Run one child. ``template`` and ``spec`` ride along for Flower; PostgreSQL is the truth."""
     drain.arm()
     try:
-        took = run_child(OwnMessage(self, run_id, index, template, spec))
-        if took is not None and noted(index):
-            note_time(run_id, took)
+        OwnMessage(self, run_id, index, template, spec).run()
     finally:
         drain.finished()  # a process that got SIGTERM takes no further work
 

@@ -111,7 +111,7 @@ def test_a_worker_killed_in_the_middle_of_a_masters_message_loses_no_run(
         counts = ran(sink, ids)
         assert set(counts) == set(ids)
         # a killed pool process's children whose successes were held (at most a message's
-        # runs, within lifecycle.UNWRITTEN_FOR of their split) run again, each once
+        # runs, within received.UNWRITTEN_FOR of their split) run again, each once
         assert max(counts.values()) <= 2, counts.most_common(3)
         assert sum(counts.values()) - len(ids) <= 2 * PER_MESSAGE, counts.most_common(3)
     finally:

@@ -316,7 +316,7 @@ def test_a_lone_child_s_success_releases_what_waits_for_its_run(world: World) ->
 
 def test_a_run_s_first_child_time_says_whether_children_wait_to_be_sized(world: World) -> None:
     """``note_time`` is True once: at a run's first measured time while children of it wait
-    unsent (the worker then passes at once: lifecycle.note_time)."""
+    unsent (the worker then passes at once: received.note_time)."""
     waiting, sent = world.waiting(5), world.waiting(2)
     with world.turn() as turn:
         assert turn is not None

@@ -17,7 +17,7 @@ import pytest
 from dtask import services
 from dtask.db import Store
 from dtask.domain.runs import ChildState, NewRun, RunState
-from dtask.worker import lifecycle
+from dtask.worker import received
 from dtask.worker.batch import children as children_message
 from tests.support.db import children
 
@@ -53,10 +53,10 @@ def test_each_child_of_a_message_is_written_once(
     assert Counter(int(i) for i in ran) == Counter(range(n))
     # the claim of them all, their successes, the run's last-child check and its finalize's
     # count: 2 n + 4 before (a start and a finish per child), n + 4 with one statement per
-    # child. Within lifecycle.UNWRITTEN_FOR of the claim the successes are held and written
+    # child. Within received.UNWRITTEN_FOR of the claim the successes are held and written
     # together; a message that outlasts it (a busy machine: seen in a full run) writes each
     # later child's start with the successes before it, still once per child at most.
-    held = took < lifecycle.UNWRITTEN_FOR
+    held = took < received.UNWRITTEN_FOR
     most = 4 + n // 4 if held else 4 + n
     assert len(writes) <= most, (took, Counter(s.split(" SET")[0][:60] for s in writes))
 

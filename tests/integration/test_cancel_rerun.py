@@ -82,8 +82,8 @@ def test_the_old_owner_hands_a_rerun_child_over_when_it_lets_go(store: Store) ->
 
     with pytest.raises(Ignore):
         spec = {"a": 1, "b": 2}
-        delivery = OwnMessage(child, run_id, 0, TEMPLATE, spec)
-        Attempt(delivery, store, claim, services.current().settings, time.monotonic()).run()
+        own = OwnMessage(child, run_id, 0, TEMPLATE, spec)
+        Attempt(own, own.children[0], claim, services.current().settings, time.monotonic()).run()
 
     run = store.runs.get(run_id)
     assert run.state is RunState.RUNNING and run.group_id == f"dtask-{run_id}-2"

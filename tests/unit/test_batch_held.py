@@ -15,8 +15,8 @@ import dtask
 from dtask.domain.dispatch import BATCH_SECONDS, batch_size
 from dtask.settings import Settings
 from dtask.worker.batch import children as children_message
-from dtask.worker.delivery import Delivery
-from dtask.worker.lifecycle import run_child
+from dtask.worker.child_store import Child
+from dtask.worker.received import Received
 from tests.support.memory import MemoryStore, install
 
 CONFIG = Settings(lease_ttl=5.0, heartbeat_interval=0.5, retry_delay=0.0)
@@ -123,6 +123,8 @@ def test_a_slow_database_does_not_make_short_children_look_long(
         return claim(*args, **kwargs)
 
     monkeypatch.setattr(store.children, "claim", slow_claim)
-    took = run_child(Delivery(run_id, 0, "quick", {}))
-    assert took is not None and batch_size(took) > 1, took
+    received = Received([Child(run_id, 0, "quick", {})])
+    received.run()
+    [took] = received.took
+    assert batch_size(took) > 1, took
     assert states(store, run_id) == [(0, "succeeded", 1)]

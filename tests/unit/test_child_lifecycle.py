@@ -79,13 +79,13 @@ def store(monkeypatch: pytest.MonkeyPatch) -> MemoryStore:
 def run(
     store: MemoryStore, name: str, task: FakeTask | None = None, config: Settings = CONFIG
 ) -> None:
-    """What ``run_child`` does with a claimed child: run it, then finalize if it was last."""
+    """What ``Received.one`` does with a claimed child: run it, then finalize if it was last."""
     store.tables.runs[RUN].template = name  # the run is of the template under test
     claim = store.children.claim(RUN, 0, "me", config.lease_ttl)
     assert isinstance(claim, Claim)
-    delivery = OwnMessage(cast(Task, task or FakeTask()), RUN, 0, name, {"n": 10})
-    Attempt(delivery, store, claim, config, time.monotonic()).run()
-    delivery.finalize(store)
+    own = OwnMessage(cast(Task, task or FakeTask()), RUN, 0, name, {"n": 10})
+    Attempt(own, own.children[0], claim, config, time.monotonic()).run()
+    own.finalize(own.children[0])
 
 
 def writes(store: MemoryStore) -> list[str]:

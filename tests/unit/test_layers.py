@@ -106,7 +106,7 @@ def test_adopting_an_app_loads_none_of_what_only_workers_need() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('sqlalchemy', 'psycopg', 'pydantic', 'pydantic_settings', 'alembic')"
         " or (m.startswith('dtask.') and m.split('.')[1] in ('db', 'services', 'client'))"
-        " or m in ('dtask.settings', 'dtask.worker.tasks', 'dtask.worker.lifecycle')))\n"
+        " or m in ('dtask.settings', 'dtask.worker.tasks', 'dtask.worker.received')))\n"
         "print(sorted(n for n in app.tasks if n.startswith('dtask.')))\n"
     )
     out = subprocess.run(
