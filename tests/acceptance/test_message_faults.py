@@ -1,7 +1,8 @@
 """A worker killed, or paused past its lease, in the middle of messages of short children
 (dtask.children, up to MAX_BATCH each), on both brokers: every child ends succeeded once in
 PostgreSQL, the run's counts are its children's, and a paused worker that wakes writes
-nothing over what another did. The store's rules are tests/contract/test_message_claim.py;
+nothing over what another did; a straggler in the middle of a message gives its rest away
+from inside it, every number once. The store's rules are tests/contract/test_message_claim.py;
 these are the same with real processes, to hold before and after one claim covers a message
 (docs/design/message-claims.md)."""
 
@@ -21,7 +22,7 @@ from dtask import services
 from dtask.domain.dispatch import MAX_BATCH
 from tests.acceptance.test_batches import written
 from tests.acceptance.test_faults import Cluster, broker_env, cluster
-from tests.support.db import owner_pid, wait_for
+from tests.support.db import children, owner_pid, wait_for
 
 pytestmark = pytest.mark.acceptance
 __all__ = ["broker_env", "cluster"]  # both brokers, the fault tests' 3-s leases
@@ -102,3 +103,49 @@ def test_a_worker_lost_mid_message_leaves_every_child_succeeded_once(
     # children a lost worker ran whose successes it had not written run again: at most its
     # two pool processes' messages
     assert sum(seen.values()) - N <= 2 * MAX_BATCH, seen.most_common(3)
+
+
+CHILDREN, STRAGGLER = 2_000, 1_000  # children of ten numbers; the one of slow numbers
+
+
+def written_by(sink: Path, run_id: int) -> tuple[Counter[int], dict[int, str]]:
+    """How often each number was written, and the Celery message that last wrote each."""
+    seen: Counter[int] = Counter()
+    by: dict[int, str] = {}
+    for line in (sink / f"{run_id}.straggler").read_text().splitlines():
+        number, message = line.split()
+        seen[int(number)] += 1
+        by[int(number)] = message
+    return seen, by
+
+
+def test_a_straggler_in_the_middle_of_a_full_message_gives_its_rest_away_once(
+    cluster: Cluster, sink: Path
+) -> None:
+    """A message of up to MAX_BATCH short children, claimed as one row, holds a straggler in its
+    middle: once the run's other children are done, the dispatcher asks it for work, it cuts
+    its range at its next checkpoint from inside the message, the new child runs in another
+    message while the straggler goes on, and every number is written once, every child
+    counted once."""
+    first = STRAGGLER * 10 + 1
+    run_id = cluster.submit(
+        "message_straggler", n=CHILDREN * 10, slow_from=first, slow_to=first + 9, slow=0.8
+    )
+    status = dtask.get_run(run_id).wait(timeout=240)
+    assert status.state is dtask.RunState.SUCCEEDED, status.error
+    seen, by = written_by(sink, run_id)
+    assert sorted(seen) == list(range(1, CHILDREN * 10 + 1))
+    assert set(seen.values()) == {1}, "a number was written twice"
+    pieces = children(run_id)
+    assert len(pieces) > CHILDREN, "the straggler gave nothing away"
+    assert all(state == "succeeded" for _, state, _ in pieces)
+    assert {attempt for _, _, attempt in pieces} == {1}, "a child was counted twice"
+    assert status.children.succeeded == len(pieces) and status.children.failed == 0
+    carrier = by[first]  # the message the straggler ran in: many children's
+    shared = {(n - 1) // 10 for n, m in by.items() if m == carrier}
+    print(f"\nthe straggler's message ran {len(shared)} children; {len(pieces)} in all")
+    # a message is sized by its children's time, its claim and bookkeeping included: 93-180
+    # children here on 2 busy cores, MAX_BATCH where they take under 125 us all in
+    assert len(shared) >= 20, f"the straggler ran in a message of {len(shared)} children"
+    given = [n for n in range(first, first + 10) if by[n] != carrier]
+    assert given, "no slow number ran elsewhere"

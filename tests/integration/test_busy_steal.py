@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 import tests.support.templates  # noqa: F401  (registers `straggler`, a range template)
 from dtask import services
-from dtask.db import Claim, Store
+from dtask.db import Claim, Finished, Store
 from dtask.domain.runs import NewRun, RunState
 from dtask.worker import dispatcher
 from dtask.worker.messages import Sender
@@ -181,3 +181,34 @@ def test_a_busy_cluster_asks_at_most_once_every_ten_intervals(
         assert a_pass(loop) >= 1
     elapsed = time.monotonic() - began
     assert 1 <= len(asks) <= 1 + elapsed / (10 * settings.dispatch_interval), (asks, elapsed)
+
+
+def test_a_message_with_children_behind_its_straggler_takes_one_slot(world: Store) -> None:
+    """A message the dispatcher sent, claimed as one row, runs its children one after the
+    other in one pool process: one slot, however many of its children are still to run. Its
+    straggler (child 10, in its middle) is cut where the queue's other slots are free, at the
+    rate it has run since it started, not since its first checkpoint."""
+    q = queue()
+    run_id, _ = world.runs.create(NewRun("straggler", f"test:{uuid.uuid4()}", {}, 1, q))
+    _runs.append(run_id)
+    plan = [spec(i, i) for i in range(10)] + [spec(10, 109)] + [spec(i, i) for i in range(110, 149)]
+    assert world.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
+    assert world.runs.dispatch(run_id, lambda run, kids: None, deferred=True) is RunState.RUNNING
+    with world.dispatch.turn(wait=10) as turn:
+        assert turn is not None
+        assert [len(m) for m in turn.take(run_id, len(plan), len(plan))] == [len(plan)]
+    claims = world.children.claim_many(run_id, list(range(len(plan))), "test:1", 60)
+    assert all(c.message is not None for c in claims.values())
+    ended = [claims[i] for i in range(10)]
+    world.children.write_batch([Finished(c, None, None, None) for c in ended], None, 60)
+    # its start was not written: its first checkpoint dates it back by what its attempt ran,
+    # so its rate (10 numbers a second: 9 s left) is its own
+    world.children.checkpoint(claims[10], {"done": 10}, 60, ran=1.0)
+    worker(world, q, 4)  # 39 children wait behind the straggler, in its message: 1 slot of 4
+    assert dispatcher.ask(services.current().settings) >= 1
+    with world.engine.connect() as conn:
+        flagged = conn.execute(
+            text("SELECT give_away FROM dtask_children WHERE run_id = :r AND index = 10"),
+            {"r": run_id},
+        ).scalar_one()
+    assert flagged

@@ -206,11 +206,13 @@ class MemoryChildren:
             row.sent_at = self.t.clock()
             messages.left(self.t, row, claim)
 
-    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float) -> bool:
+    def checkpoint(self, claim: Claim, state: Any, lease_ttl: float, ran: float = 0.0) -> bool:
         self._hook("checkpoint", claim)
         with self.t.lock:
             row = self._owned(claim, "checkpoint")
             row.checkpoint = jsonb(state)
+            if row.started_at is None:
+                row.started_at = self.t.clock() - ran
             row.lease_expires_at = self.t.clock() + lease_ttl
             messages.left(self.t, row, claim, lease_ttl)
             return row.give_away

@@ -521,6 +521,47 @@ def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]
             out.flush()
 
 
+_appended: dict[Path, int] = {}  # a pool process's open files, for one write a child
+
+
+def _append(path: Path, lines: list[str]) -> None:
+    """``lines`` at the end of ``path`` in one write (O_APPEND: processes never interleave)."""
+    fd = _appended.get(path)
+    if fd is None:
+        fd = _appended[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, "".join(lines).encode())
+
+
+@dtask.template(
+    "message_straggler",
+    params={"n": int, "slow_from": int, "slow_to": int, "slow": float},
+    skeleton={
+        "start": 1,
+        "end": "${n}",
+        "slow": ["${slow_from}", "${slow_to}", "${slow}"],
+    },
+    split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow",)),
+    checkpoint_interval=0.5,  # a checkpoint after each slow number, none in a fast child
+)
+def message_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]) -> None:
+    """``batched_straggler`` short enough to go MAX_BATCH to a message: each child's numbers
+    in one write to one file a run (``{run}.straggler``), a slow one as soon as it is done."""
+    import time
+
+    from celery import current_task
+
+    message = current_task.request.id if current_task else "none"
+    path = Path(os.environ["DTASK_TEST_SINK"]) / f"{ctx.run_id}.straggler"
+    done = []
+    for i in ctx.resume(range(a, b + 1)):
+        if slow[0] <= i <= slow[1]:
+            time.sleep(slow[2])
+            _append(path, [f"{i} {message}\n"])
+        else:
+            done.append(f"{i} {message}\n")
+    _append(path, done)
+
+
 @dtask.template(
     "fails_how",
     params={"how": str},
