@@ -151,6 +151,7 @@ class Attempt:
 
     def _call(self) -> Any:
         claim, config, options = self.claim, self.config, self.template.options
+        stdout = self.printed.stream(sys.stdout)
         self.context = ChildContext(
             run_id=self.child.run_id,
             index=self.child.index,
@@ -174,14 +175,14 @@ class Attempt:
                 self.beat.stop_requested.is_set() or drain.draining() or self.cap.exceeded()
             ),
             echo=self.printed.add,
-            output=self.printed.stream(sys.stdout).write,
+            output=stdout.write,
             max_output_line=config.max_output_line,
             max_result=config.max_child_result,
         )
         if not runaway.in_pool_process():
             return self._function()
         with (
-            contextlib.redirect_stdout(self.printed.stream(sys.stdout)),
+            contextlib.redirect_stdout(stdout),
             contextlib.redirect_stderr(self.printed.stream(sys.stderr)),
         ):
             return self._function()

@@ -51,10 +51,16 @@ class Received:
     def __init__(self, children: list[Child]) -> None:
         self.children = children
         self.took: list[float] = []  # the seconds each child's function took, of those that ran
+        self._store: Store | None = None
 
     @property
     def store(self) -> Store:
-        return services.store()
+        """This process's store, asked for once a message (where it is made, it may fail:
+        asked where that is handled)."""
+        store = self._store
+        if store is None:
+            store = self._store = services.store()
+        return store
 
     def run(self) -> None:
         """The whole path, steps 1 to 5; step 6 is Celery's."""

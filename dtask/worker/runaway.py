@@ -18,17 +18,24 @@ from collections.abc import Callable
 log = logging.getLogger("dtask.worker")
 
 
-_pool_process: tuple[int, bool] | None = None  # (pid, answer): a fork asks again
+_pool_process: bool | None = None  # asked again after a fork
 
 
 def in_pool_process() -> bool:
     global _pool_process
-    pid = os.getpid()
-    if _pool_process is None or _pool_process[0] != pid:
+    if _pool_process is None:
         from billiard.process import current_process
 
-        _pool_process = (pid, current_process().name.startswith("ForkPoolWorker"))
-    return _pool_process[1]
+        _pool_process = current_process().name.startswith("ForkPoolWorker")
+    return _pool_process
+
+
+def _forked() -> None:
+    global _pool_process
+    _pool_process = None
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def kill_this_pool_process(why: str, record: Callable[[], object]) -> None:
