@@ -646,17 +646,26 @@ class ChildStore(ChildReads):
         """Fail an unfinished child whatever its fence (someone revoked its task): its owner's
         next fenced write matches no row. True when it was unfinished."""
         with self.db.owner() as conn:
-            result = conn.execute(
+            row = conn.execute(
                 sql(
-                    "UPDATE dtask_children SET state = 'failed', error = :error, owner = NULL,"
-                    " lease_expires_at = NULL, finished_at = now(), updated_at = now(),"
+                    "WITH old AS (SELECT id, state = 'pending' AND sent_at IS NULL AS unsent"
+                    "   FROM dtask_children WHERE run_id = :run AND index = :index"
+                    "   AND state IN ('pending', 'running') FOR UPDATE),"
+                    " c AS (UPDATE dtask_children c SET state = 'failed', error = :error,"
+                    "   owner = NULL, lease_expires_at = NULL, finished_at = now(),"
+                    "   updated_at = now(),"
                     # out of its message for good: a rerun's pending again is not covered
-                    " sent_at = coalesce(sent_at, now())"
-                    " WHERE run_id = :run AND index = :index AND state IN ('pending', 'running')"
+                    "   sent_at = coalesce(sent_at, now())"
+                    "   FROM old WHERE c.id = old.id RETURNING old.unsent),"
+                    # and counted out of the message a worker owns that covered it
+                    " m AS (UPDATE dtask_messages m SET children = children - 1"
+                    "   WHERE m.run_id = :run AND m.owner IS NOT NULL"
+                    "   AND :index BETWEEN m.lo AND m.hi AND (SELECT unsent FROM c))"
+                    " SELECT count(*) AS n FROM c"
                 ),
                 {"run": run_id, "index": index, "error": error},
-            )
-            return result.rowcount == 1
+            ).one()
+            return int(row.n) == 1
 
 
 def json_or_none(value: Any | None) -> str | None:

@@ -211,6 +211,14 @@ def test_a_copy_of_another_range_takes_its_children_one_by_one_not_the_message(
     assert counts(world, run) == ChildCounts(total=6, succeeded=6)
 
 
+def test_a_revoked_child_is_counted_out_of_its_message(world: World) -> None:
+    run, queue = sent(world, 4)
+    holder(world, run, 4)
+    assert world.children.revoke(run, 2, "revoked")
+    assert world.out(queue) == Out(queued=0, running=3)
+    assert counts(world, run) == ChildCounts(total=4, running=3, failed=1)
+
+
 def test_a_revoked_child_stays_out_of_its_message_through_a_rerun(world: World) -> None:
     run, _ = sent(world, 4)
     w = holder(world, run, 4)

@@ -328,6 +328,9 @@ class MemoryChildren:
             row = self.t.child(run_id, index)
             if row is None or row.state.finished:
                 return False
+            covering = self.t.holder(row)
+            if covering is not None:
+                covering.children -= 1
             self._fail(row, error)
             row.sent_at = row.sent_at if row.sent_at is not None else self.t.clock()
             return True
