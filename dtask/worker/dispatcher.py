@@ -83,12 +83,26 @@ class Dispatcher:
         at once finds its row (published before the commit, a message raced it on a fast
         broker and was claimed child by child, and its row, committed after, looked queued
         until the reaper's stall timeout: no straggler of its run was cut meanwhile). A
-        publish that fails leaves its children taken: the reaper re-sends them once
-        ``DTASK_STALL_TIMEOUT`` has passed, as it does a message the broker lost."""
+        publish that fails is tried once more on a fresh connection (the loop's own may have
+        gone stale); failing again, it leaves its children and the pass's others taken: the
+        reaper re-sends them once ``DTASK_STALL_TIMEOUT`` has passed, as it does a message the
+        broker lost."""
         outbox: list[tuple[list[list[Redispatch]], int]] = []
         found = self._take(wait, outbox)
-        for messages, level in outbox:
-            send(messages, level, through=sender.producer)
+        for position, (messages, level) in enumerate(outbox):
+            try:
+                try:
+                    send(messages, level, through=sender.producer)
+                except Exception:
+                    sender.close()
+                    send(messages, level, through=sender.producer)
+            except Exception:
+                unsent = sum(len(m) for later, _ in outbox[position:] for m in later)
+                log.warning(
+                    "dispatcher: %s children taken and not sent (the broker refused them):"
+                    " re-sent by the reaper once DTASK_STALL_TIMEOUT has passed", unsent,
+                )  # fmt: skip
+                raise
         return found
 
     def _take(self, wait: float, outbox: list[tuple[list[list[Redispatch]], int]]) -> int | None:
@@ -157,7 +171,7 @@ def nudge() -> None:
     try:
         _here.once(wait=NUDGE_WAIT)
     except Exception as exc:
-        log.warning("dispatcher: pass after the split failed, the next pass sends: %s", exc)
+        log.warning("dispatcher: pass after the split failed (the next pass sends): %s", exc)
 
 
 def ask(settings: Settings) -> int:

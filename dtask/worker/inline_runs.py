@@ -156,8 +156,10 @@ def run_many(store: Store, run_ids: list[int], siblings: int = 0) -> list[int]:
             _slow_plans.add(template)
         return specs
 
+    claimed_at = time.monotonic()  # the children's leases run from no earlier than this
     taken, left = store.inline.split_many(run_ids, plan, owner_name(), settings.lease_ttl, siblings)
-    InMasters([Child(r.run_id, 0, r.template, r.claim.spec, r.claim) for r in taken]).run()
+    children = [Child(r.run_id, 0, r.template, r.claim.spec, r.claim) for r in taken]
+    InMasters(children, claimed_at).run()
     return left
 
 
@@ -169,9 +171,9 @@ class InMasters(InMaster):
     (the writes are fenced: each counts once) without spending an attempt. Used by the pool
     process's thread and its child's heartbeat thread."""
 
-    def __init__(self, children: list[Child]) -> None:
+    def __init__(self, children: list[Child], claimed_at: float) -> None:
         super().__init__(children)
-        self.claimed_at = time.monotonic()
+        self.claimed_at = claimed_at
         self.held: list[tuple[Child, Finished]] = []
         self._lock = threading.Lock()
 

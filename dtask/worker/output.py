@@ -5,8 +5,10 @@ characters also go to the worker's log; of the rest, the log gets how many there
 
 from __future__ import annotations
 
+import io
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import TextIO
 
 
@@ -64,20 +66,19 @@ class Tail:
 
 
 class Through:
-    """A stdout (or stderr) that writes through to ``through`` and into the tail. Not an
-    ``io.TextIOBase``: one is made for each child, and an IOBase flushed the worker's stdout
-    as it was freed and looked its ``closed`` state up through ``__getattr__`` (a failed lookup
-    on the real stream each time): 13 % of a pool process's time on a run of no-op children,
-    sampled by py-spy."""
+    """A stdout (or stderr) that writes through to ``through`` and into the tail, and answers
+    as the ``io.TextIOBase`` it was does (registered as one): closing it leaves the worker's
+    stream open, it has no file descriptor, it is no terminal. Not a subclass: one is made for
+    each child, and an IOBase flushed the worker's stdout as it was freed and looked its
+    ``closed`` state up through ``__getattr__`` (a failed lookup on the real stream each
+    time): 13 % of a pool process's time on a run of no-op children, sampled by py-spy."""
 
     __slots__ = ("tail", "through")
+    closed = False
 
     def __init__(self, through: TextIO, tail: Tail) -> None:
         self.through = through
         self.tail = tail
-
-    def writable(self) -> bool:
-        return True
 
     def write(self, text: str) -> int:
         shown = self.tail.loggable(text)
@@ -86,8 +87,47 @@ class Through:
         self.tail.add(text)
         return len(text)
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         self.through.flush()
 
-    def __getattr__(self, name: str) -> object:  # fileno, encoding, isatty...: the stream's
+    def close(self) -> None:
+        """A child that closes its stdout ends its own: the worker's stays open."""
+
+    def __enter__(self) -> Through:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def encoding(self) -> str | None:
+        return getattr(self.through, "encoding", None)
+
+    @property
+    def errors(self) -> str | None:
+        return getattr(self.through, "errors", None)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+    def isatty(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> object:  # buffer, newlines...: the stream's
         return getattr(self.through, name)
+
+
+io.TextIOBase.register(Through)

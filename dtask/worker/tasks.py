@@ -27,11 +27,12 @@ from dtask.domain.dispatch import BATCH_SECONDS, batch_size
 from dtask.domain.runs import RunState
 from dtask.domain.templates import launcher, registry
 from dtask.exceptions import (
+    DatabaseUnavailable,
     InvalidVariables,
     UnknownTemplate,
 )
 from dtask.settings import Settings
-from dtask.worker import chains, dispatcher, drain, task_table, traces
+from dtask.worker import chains, dispatcher, drain, links, task_table, traces
 from dtask.worker.app import app
 from dtask.worker.child_store import Child, owner_name
 from dtask.worker.finalize import finalize_run
@@ -302,7 +303,15 @@ class OwnMessage(Received):
         self.retry(self.children[0], countdown)
 
     def hand_back(self, rest: list[Child], countdown: float | None = None) -> None:
-        super().hand_back(rest, countdown)
+        """A drain's: where PostgreSQL cannot say whether the run is active, the message is
+        tried again once a lease could have run out, as a child that met it would be."""
+        try:
+            super().hand_back(rest, countdown)
+        except DatabaseUnavailable as exc:
+            links.cut_off()
+            ttl = services.current().settings.lease_ttl
+            log.warning("%s: not handed over: %s; retrying in %g s", rest[0], exc, ttl)
+            self.retry(rest[0], ttl)
         raise Ignore()
 
     def ended(self, child: Child) -> None:

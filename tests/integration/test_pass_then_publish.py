@@ -63,3 +63,39 @@ def test_a_message_claimed_as_it_is_published_is_claimed_as_one_row(
         assert queued == 0, "a message claimed already looks queued"
     finally:
         store.runs.cancel(run_id)
+
+
+def test_a_publish_that_fails_once_goes_on_a_fresh_connection(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher's own broker connection may have gone stale between passes: a publish
+    that fails is tried once more on a new one, so its children go now, not after the
+    reaper's stall timeout (they were taken, and committed, before it)."""
+    queue = f"pp{uuid.uuid4().hex[:8]}"
+    run_id, _ = store.runs.create(NewRun("straggler", f"test:{uuid.uuid4()}", {}, 1, queue))
+    plan = [spec(i, i) for i in range(10)]
+    assert store.runs.split(run_id, lambda run, slots: plan, deferred=True) is RunState.SPLITTING
+    assert store.runs.dispatch(run_id, lambda run, kids: None, deferred=True) is RunState.RUNNING
+    store.workers.report(f"pass-then-publish-{uuid.uuid4().hex[:8]}", [queue], 2, 0, 0)
+    calls: list[int] = []
+    sent: list[int] = []
+
+    class Stale(NoBroker):
+        def close(self) -> None:
+            calls.append(0)  # 0: the connection was closed
+
+    def once_stale(messages: Any, priority: int = 0, through: Any = None, **_: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionResetError("connection reset by peer")
+        sent.extend(c.index for m in messages for c in m)
+        return sum(len(m) for m in messages)
+
+    monkeypatch.setattr(dispatcher, "send", once_stale)
+    monkeypatch.setattr(dispatcher, "_here", dispatcher.Dispatcher(sender=Stale()))
+    try:
+        a_pass(dispatcher.loop(services.current().settings))
+        assert calls[:3] == [1, 0, 1]
+        assert sent, "nothing was sent on the fresh connection"
+    finally:
+        store.runs.cancel(run_id)

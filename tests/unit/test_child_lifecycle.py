@@ -18,8 +18,9 @@ import dtask
 from dtask.db import Claim
 from dtask.domain.runs import ChildState
 from dtask.domain.templates import Template, TemplateOptions, registry
-from dtask.exceptions import ChildFailed, LeaseLost
+from dtask.exceptions import ChildFailed, DatabaseUnavailable, LeaseLost
 from dtask.settings import Settings
+from dtask.worker import drain
 from dtask.worker.attempt import Attempt
 from dtask.worker.tasks import OwnMessage
 from tests.support.memory import MemoryStore, Sent, install
@@ -235,3 +236,25 @@ def test_the_default_execution_cap_holds_where_no_template_or_run_sets_one(
         run(store, template(spins, execution_cap=template_cap), config=capped)
     error = store.row(RUN, 0).error
     assert error == f"run 1 child 0 attempt 1 exceeded its execution cap of {seen} s"
+
+
+def test_a_draining_worker_that_cannot_reach_postgresql_retries_its_child(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``dtask.child`` arriving while its worker drains is handed over; where PostgreSQL
+    cannot say whether its run is active, its message is tried again after a lease, not
+    failed (a failed task's message is acked: the child would wait for the stall timeout)."""
+
+    def unreachable(run_id: int) -> None:
+        raise DatabaseUnavailable("PostgreSQL is away")
+
+    monkeypatch.setattr(store.runs, "get", unreachable)
+    task = FakeTask()
+    drain.DRAINING.set()
+    try:
+        with pytest.raises(Retried):
+            OwnMessage(cast(Task, task), RUN, 0, template(works), {"n": 10}).run()
+    finally:
+        drain.DRAINING.clear()
+    assert [r["countdown"] for r in task.retries] == [CONFIG.lease_ttl]
+    assert store.row(RUN, 0).state is ChildState.PENDING  # not claimed

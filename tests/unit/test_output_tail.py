@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,3 +56,23 @@ def test_what_it_keeps_is_bounded_and_the_suffix_of_what_was_printed(
 def test_nothing_printed_is_none() -> None:
     assert Tail(10).kept() == (None, 0)
     assert Tail(0).text() is None
+
+
+def test_a_child_s_stream_answers_as_a_text_stream_and_closing_it_keeps_the_worker_s() -> None:
+    """What code in a child may ask of its stdout, as of the io.TextIOBase it was."""
+    through = io.StringIO()
+    tail = Tail(1000)
+    out = tail.stream(through)
+    out.writelines(["a\n", "b\n"])
+    with out as f:
+        f.write("c\n")
+    out.close()
+    assert not through.closed and not out.closed
+    out.write("d\n")
+    assert tail.text() == through.getvalue() == "a\nb\nc\nd\n"
+    assert isinstance(out, io.TextIOBase)
+    assert (out.writable(), out.readable(), out.seekable(), out.isatty()) == (
+        True, False, False, False,
+    )  # fmt: skip
+    with pytest.raises(io.UnsupportedOperation):
+        out.fileno()
