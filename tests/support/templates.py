@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dtask
 
@@ -493,8 +494,8 @@ def straggler_fixed(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow:
     _straggle(ctx, a, b, delay, slow)
 
 
-@dtask.template(
-    "batched_straggler",
+# children of ten numbers, ``slow`` = [first, last, seconds each] of the slow ones
+_TENS: dict[str, Any] = dict(
     params={"n": int, "slow_from": int, "slow_to": int, "slow": float},
     skeleton={
         "start": 1,
@@ -504,6 +505,9 @@ def straggler_fixed(ctx: dtask.ChildContext, a: int, b: int, delay: float, slow:
     split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow",)),
     checkpoint_interval=0.5,  # a checkpoint after each slow number, none in a fast child
 )
+
+
+@dtask.template("batched_straggler", **_TENS)
 def batched_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]) -> None:
     """Children of ten numbers done at once, short enough to go several to a message, but
     for the numbers ``slow[0]`` to ``slow[1]``, ``slow[2]`` seconds each; each number is
@@ -532,17 +536,7 @@ def _append(path: Path, lines: list[str]) -> None:
     os.write(fd, "".join(lines).encode())
 
 
-@dtask.template(
-    "message_straggler",
-    params={"n": int, "slow_from": int, "slow_to": int, "slow": float},
-    skeleton={
-        "start": 1,
-        "end": "${n}",
-        "slow": ["${slow_from}", "${slow_to}", "${slow}"],
-    },
-    split=dtask.RangeSplit("start", "end", chunk=10, carry=("slow",)),
-    checkpoint_interval=0.5,  # a checkpoint after each slow number, none in a fast child
-)
+@dtask.template("message_straggler", **_TENS)
 def message_straggler(ctx: dtask.ChildContext, a: int, b: int, slow: list[float]) -> None:
     """``batched_straggler`` short enough to go MAX_BATCH to a message: each child's numbers
     in one write to one file a run (``{run}.straggler``), a slow one as soon as it is done."""
