@@ -281,6 +281,9 @@ class ChildStore(ChildReads):
             return {}
         with self.db.owner() as conn:
             taken = message_claims.claim(conn, run_id, indexes, owner, lease_ttl)
+            if not taken and len(indexes) > 1:  # its pass may not have committed yet
+                message_claims.after_pass(conn)
+                taken = message_claims.claim(conn, run_id, indexes, owner, lease_ttl)
             if taken:
                 return {r.position: _covered(r) for r in taken if r.id is not None}
             rows = conn.execute(

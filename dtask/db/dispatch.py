@@ -241,8 +241,8 @@ class DispatchStore:
         A holder that hangs (SIGSTOP, swap, a paused VM) would stop dispatch everywhere: it
         loses its turn once its transaction has sat idle ``hold_for`` seconds (see
         ``Database.held``), another worker's pass takes over, and the woken holder gets
-        LeaseLost with nothing of its pass recorded (and nothing published: a pass publishes
-        after its commit, ``dtask.worker.dispatcher``)."""
+        LeaseLost with nothing of its pass recorded (what it published is sent again; a
+        claim's fence drops the copy)."""
         lost = LeaseLost(
             "the dispatcher's turn ended: held past its limit (this worker was paused, or the"
             " pass ran long); another worker dispatches now"

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row
 
-from dtask.db.database import ASYNC_COMMIT, sql
+from dtask.db.database import ASYNC_COMMIT, DISPATCH_LOCK, sql
 
 _LEASE = "now() + make_interval(secs => :ttl)"
 
@@ -100,6 +100,16 @@ def claim(conn: Connection, run: int, indexes: list[int], owner: str, ttl: float
             },
         ).all()
     )
+
+
+def after_pass(conn: Connection) -> None:
+    """Wait for the dispatcher's pass in progress, if any, to end. A claim that found no row
+    may have raced its message's commit: a pass publishes in its transaction (so passes
+    publish in the order they take), and an UPDATE does not wait on a row inserted and not
+    yet committed. On RabbitMQ such a message was claimed child by child, and its row,
+    committed after, looked queued until the reaper's stall timeout. Costs a statement only
+    where no row was found (a hand-over's message, a copy)."""
+    conn.execute(sql("SELECT pg_advisory_xact_lock_shared(:ns, 0)"), {"ns": DISPATCH_LOCK})
 
 
 # The message row of a claim ``:message`` under its fence ``:fence``, locked: a concurrent let

@@ -79,33 +79,6 @@ class Dispatcher:
                 raise
 
     def _pass(self, sender: Sender, wait: float = 0.0) -> int | None:
-        """The pass's takes commit first, then its messages go out: a worker that claims one
-        at once finds its row (published before the commit, a message raced it on a fast
-        broker and was claimed child by child, and its row, committed after, looked queued
-        until the reaper's stall timeout: no straggler of its run was cut meanwhile). A
-        publish that fails is tried once more on a fresh connection (the loop's own may have
-        gone stale); failing again, it leaves its children and the pass's others taken: the
-        reaper re-sends them once ``DTASK_STALL_TIMEOUT`` has passed, as it does a message the
-        broker lost."""
-        outbox: list[tuple[list[list[Redispatch]], int]] = []
-        found = self._take(wait, outbox)
-        for position, (messages, level) in enumerate(outbox):
-            try:
-                try:
-                    send(messages, level, through=sender.producer)
-                except Exception:
-                    sender.close()
-                    send(messages, level, through=sender.producer)
-            except Exception:
-                unsent = sum(len(m) for later, _ in outbox[position:] for m in later)
-                log.warning(
-                    "dispatcher: %s children taken and not sent (the broker refused them):"
-                    " re-sent by the reaper once DTASK_STALL_TIMEOUT has passed", unsent,
-                )  # fmt: skip
-                raise
-        return found
-
-    def _take(self, wait: float, outbox: list[tuple[list[list[Redispatch]], int]]) -> int | None:
         settings = services.current().settings
         store = services.store()
         with store.dispatch.turn(settings.lease_ttl, wait) as turn:
@@ -148,14 +121,26 @@ class Dispatcher:
                 for run_id, count in counts.items():
                     messages = turn.take(run_id, count, batches[run_id])
                     level = broker_priority(of[run_id].priority, of[run_id].total)
-                    outbox.append((messages, level))
-                    sent = sum(len(m) for m in messages)
+                    sent = _send(sender, messages, level)
                     queue_sent += sent
                     # a client with runs in several queues: its cap counts them all
                     client = of[run_id].client
                     clients_out[client] = clients_out.get(client, 0) + sent
                 pace.expected = queued + queue_sent
             return sum(len(runs) for runs in demands.values())
+
+
+def _send(sender: Sender, messages: list[list[Redispatch]], level: int) -> int:
+    """A pass's messages, published in its transaction: passes publish in the order they
+    take, so a high-priority run's children stay ahead on a FIFO queue (RabbitMQ's). A
+    worker's claim that comes before the commit waits for it (``ChildStore.claim_many``).
+    A publish that fails is tried once more on a fresh connection (the loop's own may have
+    gone stale); failing again, the pass rolls back and the next one takes them again."""
+    try:
+        return send(messages, level, through=sender.producer)
+    except Exception:
+        sender.close()
+        return send(messages, level, through=sender.producer)
 
 
 _here = Dispatcher()
