@@ -118,8 +118,15 @@ BATCH_VALUES = (
     " AS v(id, fence, cp, result, counts, output, state))"
 )
 BATCH_FINISH = f"{finish('v.cp', 'v.result', 'v.output')}, attempt = c.attempt + v.counts"
-# a covered child's success: its owner is its message's (``message_claims``)
-_COVERED_FINISH = BATCH_FINISH.replace(KEEP_WORKER, "worker = m.holder")
+
+
+def _under_message(assignments: str) -> str:
+    """``assignments`` to a child its message's claim covers: its worker is the message's
+    owner (``message_claims``'s ``m.holder``), not its own row's."""
+    return assignments.replace(KEEP_WORKER, "worker = m.holder")
+
+
+_COVERED_FINISH = _under_message(BATCH_FINISH)
 BATCH_MATCH = (
     "c.id = ANY(CAST(:ids AS bigint[])) AND c.id = v.id AND c.fence = v.fence AND c.state = v.state"
 )
@@ -412,7 +419,7 @@ class ChildStore(ChildReads):
             if claim.message is not None:
                 row = message_claims.write(
                     conn, claim.message, claim.fence, claim.child_id,
-                    assignments.replace(KEEP_WORKER, "worker = m.holder"),
+                    _under_message(assignments),
                     ttl, durable, **params,
                 )  # fmt: skip
                 if row is None:

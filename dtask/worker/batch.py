@@ -100,9 +100,7 @@ class Batch(Received):
         if not claim.counted and time.monotonic() - since < unwritten_for():
             return claim
         with self._lock:
-            finished, started = self.store.children.write_batch(
-                [d for _, d in self.held], claim, lease_ttl
-            )
+            finished, started = self.store.children.write_batch(self._done(), claim, lease_ttl)
             self._written(finished)
             self.renewed_at = time.monotonic()
         return started
@@ -113,7 +111,7 @@ class Batch(Received):
         children = self.store.children
         with self._lock:
             if self.held:
-                done = [d for _, d in self.held]
+                done = self._done()
                 with contextlib.suppress(DatabaseUnavailable):  # the message's end tries again
                     self._written(children.write_batch(done, None, lease_ttl)[0])
         state = children.renew_lease(claim, lease_ttl)
@@ -164,7 +162,7 @@ class Batch(Received):
         with self._lock:
             if not self.held:
                 return
-            done = [d for _, d in self.held]
+            done = self._done()
             try:
                 finished, _ = patiently(
                     lambda: self.store.children.write_batch(done, None, ttl), ttl
@@ -179,6 +177,9 @@ class Batch(Received):
                 self.held = []
             else:
                 self._written(finished)
+
+    def _done(self) -> list[Finished]:
+        return [d for _, d in self.held]
 
     def _written(self, finished: set[int]) -> None:
         for child, done in self.held:
